@@ -1,0 +1,3 @@
+from inferno.cli.app import main
+
+main()

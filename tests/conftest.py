@@ -1,0 +1,31 @@
+"""Shared pytest setup: GPU tests skip cleanly on machines without an NVIDIA GPU."""
+
+import functools
+
+import pytest
+
+
+@functools.cache
+def gpu_available() -> bool:
+    """True when the CUDA driver loads and sees at least one device."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        return False
+    try:
+        (err,) = cu.cuInit(0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return False
+        err, n = cu.cuDeviceGetCount()
+        return err == cu.CUresult.CUDA_SUCCESS and n > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="no NVIDIA GPU on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
