@@ -1,6 +1,10 @@
 """Shared pytest setup: GPU tests skip cleanly on machines without an NVIDIA GPU."""
 
 import functools
+import os
+
+# One BLAS thread: the tiny-model tests are latency-bound and CI has 2 shared cores.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest
 
