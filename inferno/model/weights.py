@@ -20,7 +20,7 @@ from inferno.errors import ArtifactError
 
 TEXT_PREFIX = "model.language_model."
 _KEEP_PREFIXES = (TEXT_PREFIX, "model.visual.", "lm_head.", "mtp.")
-_PER_EXPERT = re.compile(r"^(?P<base>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+PER_EXPERT_NAME = re.compile(r"^(?P<base>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
 
 @runtime_checkable
@@ -82,7 +82,7 @@ class DictWeights:
         experts: dict[str, dict[int, dict[str, np.ndarray]]] = {}
         for raw_name, array in items:
             name = canonical_name(raw_name)
-            match = _PER_EXPERT.match(name)
+            match = PER_EXPERT_NAME.match(name)
             if match:
                 slot = experts.setdefault(match["base"], {}).setdefault(int(match["expert"]), {})
                 if match["proj"] in slot:
