@@ -5,6 +5,11 @@ import sys
 import typer
 
 from inferno.errors import InfernoError
+
+try:  # typer >= 0.29 bundles its own click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # pragma: no cover - older typer on the system click
+    from click.exceptions import ClickException, NoArgsIsHelpError
 from inferno.cli import bench, convert, inspect, kernels, migrate, run, serve, synth, verify
 
 app = typer.Typer(
@@ -28,10 +33,17 @@ app.add_typer(kernels.app, name="kernels")
 def main() -> None:
     """Entry point: user errors become one line on stderr and a non-zero exit, never a traceback."""
     try:
-        app()
+        rc = app(standalone_mode=False)
+    except NoArgsIsHelpError as e:
+        e.show()
+        sys.exit(0)
+    except ClickException as e:
+        print(f"error: {e.format_message()}", file=sys.stderr)
+        sys.exit(e.exit_code)
     except InfernoError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)

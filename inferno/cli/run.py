@@ -1,10 +1,246 @@
-"""`inferno run`."""
+"""`inferno run`: generate a reply to one prompt and stream it to the terminal.
+
+stdout gets the answer text as it is produced (and parsed tool calls as JSON lines at the end);
+stderr gets loading progress, the reasoning (dimmed on a terminal, marked otherwise) and the
+counts and timings (prefill tok/s = prompt tokens / prefill s; decode tok/s = (completion
+tokens - 1) / decode s). With no TARGET it runs the built-in demo: the tiny-dense synthetic
+preset with random weights, synthesized once into the cache directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from collections.abc import Callable
+from typing import Optional
 
 import typer
 
-from inferno.cli.common import not_built
+from inferno.errors import NotBuiltError, UsageError
+
+DEMO_PRESET = "tiny-dense"
+DEMO_SEED = 0
+DEMO_PROMPT = "Write a short poem about fire."
+DEVICES = ("auto", "cpu", "cuda")
 
 
-def run(target: str = typer.Argument(None, help="artifact or checkpoint")) -> None:
-    """Not built yet."""
-    not_built("inferno run", 3)
+def cache_dir() -> Path:
+    """`$INFERNO_CACHE`, else `~/.cache/inferno`."""
+    env = os.environ.get("INFERNO_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "inferno"
+
+
+def demo_model(log: Callable[[str], None]) -> Path:
+    """The demo checkpoint, synthesized on first use (written aside, then moved into place)."""
+    from inferno.checkpoint.synth import synthesize
+
+    path = cache_dir() / "demo"
+    if (path / "config.json").is_file():
+        return path
+    log(f"synthesizing the demo model ({DEMO_PRESET}, seed {DEMO_SEED}) into {path} (once) ...")
+    tmp = path.with_name(f"demo.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        synthesize(DEMO_PRESET, tmp, seed=DEMO_SEED)
+        try:
+            tmp.rename(path)
+        except OSError:
+            if not (path / "config.json").is_file():  # not a concurrent run that won the race
+                raise
+    except OSError as e:
+        raise UsageError(f"cannot write the demo model under {path.parent} ({e.strerror}); set INFERNO_CACHE to a writable directory") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def read_messages(path: str) -> tuple[list[dict], list[dict] | None]:
+    """A JSON file holding a list of messages, or {"messages": [...], "tools": [...]}."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UsageError(f"cannot read --messages file {path}: {e.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--messages file {path} is not valid JSON ({e}); give a JSON list of messages") from None
+    tools = None
+    if isinstance(data, dict):
+        tools = data.get("tools")
+        data = data.get("messages")
+    if not isinstance(data, list) or not data:
+        raise UsageError(f"--messages file {path} must hold a non-empty JSON list of messages or {{\"messages\": [...]}}")
+    if tools is not None and not isinstance(tools, list):
+        raise UsageError(f"\"tools\" in {path} must be a JSON list of tool definitions")
+    return data, tools
+
+
+class _Reasoning:
+    """Writes reasoning deltas to stderr: dimmed on a terminal, between markers otherwise."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.open = False
+
+    def write(self, text: str) -> None:
+        if not self.open:
+            self.stream.write("\x1b[2m" if self.tty else "[reasoning]\n")
+            self.open = True
+        self.stream.write(text)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.open:
+            self.stream.write("\x1b[0m\n" if self.tty else "\n[/reasoning]\n")
+            self.stream.flush()
+            self.open = False
+
+
+def run(
+    target: Optional[str] = typer.Argument(None, help="HF checkpoint directory or .ninfer file (none: random-weight demo)"),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="user message (raw text with --raw); - reads stdin"),
+    messages: Optional[str] = typer.Option(None, "--messages", help="JSON file: a list of messages, or {messages, tools}"),
+    max_new: int = typer.Option(128, "--max-new", help="most tokens to generate"),
+    max_context: int = typer.Option(2048, "--max-context", help="prompt + new tokens limit"),
+    prefill_chunk: int = typer.Option(1024, "--prefill-chunk", help="prompt tokens per prefill call"),
+    greedy: bool = typer.Option(False, "--greedy", help="always take the most likely token"),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="default: the model's preset"),
+    top_p: Optional[float] = typer.Option(None, "--top-p"),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="0 disables"),
+    min_p: Optional[float] = typer.Option(None, "--min-p"),
+    presence_penalty: Optional[float] = typer.Option(None, "--presence-penalty"),
+    frequency_penalty: Optional[float] = typer.Option(None, "--frequency-penalty"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="fixed sampling seed (default: random)"),
+    stop: Optional[list[str]] = typer.Option(None, "--stop", help="stop string (repeatable)"),
+    stop_token_id: Optional[list[int]] = typer.Option(None, "--stop-token-id", help="stop token id (repeatable)"),
+    no_thinking: bool = typer.Option(False, "--no-thinking", help="answer without a reasoning block"),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    no_cuda_graph: bool = typer.Option(False, "--no-cuda-graph", help="GPU executor: no CUDA graph decode (no effect on the reference)"),
+    raw: bool = typer.Option(False, "--raw", help="no chat template: continue the prompt text as is"),
+) -> None:
+    """Generate a reply to one prompt, streamed to stdout."""
+    sampling = {
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "presence_penalty": presence_penalty,
+        "frequency_penalty": frequency_penalty,
+        "seed": seed,
+    }
+    _check_flags(device, prompt, messages, raw, max_new, max_context, prefill_chunk, sampling)
+    tools = None
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if messages is not None:
+        chat, tools = read_messages(messages)
+    else:
+        if prompt is None:
+            if target is not None:
+                raise UsageError("give --prompt TEXT or --messages FILE")
+            prompt = DEMO_PROMPT
+        chat = [{"role": "user", "content": prompt}]
+
+    from inferno.engine import Engine
+    from inferno.frontend.pipeline import TextPipeline
+
+    source, executor = _load(target, device)
+    with Engine(executor, max_context=max_context, prefill_chunk=prefill_chunk) as engine:
+        pipeline = TextPipeline.from_resources(
+            engine, source.resources, source.identity, sampling_defaults=sampling, greedy=greedy
+        )
+        limits = dict(max_new_tokens=max_new, stop=stop or (), stop_token_ids=stop_token_id or ())
+        if raw:
+            stream = pipeline.complete(prompt, **limits)
+        else:
+            stream = pipeline.chat(chat, tools=tools, thinking=not no_thinking, **limits)
+        done = _print_stream(stream)
+    if done is not None:
+        _report(done)
+
+
+def _log(msg: str) -> None:
+    print(f"inferno: {msg}", file=sys.stderr, flush=True)
+
+
+def _check_flags(device, prompt, messages, raw, max_new, max_context, prefill_chunk, sampling) -> None:
+    """Flag errors before anything is loaded."""
+    from inferno.engine import SamplingParams
+
+    if device not in DEVICES:
+        raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if prompt is not None and messages is not None:
+        raise UsageError("give either --prompt or --messages, not both")
+    if raw and messages is not None:
+        raise UsageError("--raw takes --prompt text; --messages needs the chat template")
+    for flag, value, low in (("--max-new", max_new, 1), ("--max-context", max_context, 2), ("--prefill-chunk", prefill_chunk, 1)):
+        if value < low:
+            raise UsageError(f"{flag} must be >= {low}, got {value}")
+    SamplingParams(**{k: v for k, v in sampling.items() if v is not None})  # range errors
+    if device == "cuda":
+        raise NotBuiltError("the GPU executor is not built yet; use --device cpu (numpy reference) or auto")
+
+
+def _load(target: str | None, device: str):
+    """Open the model (the demo when no target) and build its executor."""
+    from inferno.checkpoint.source import open_model
+    from inferno.model.reference import ReferenceExecutor
+
+    if target is None:
+        _log("no model given: running the built-in demo, a tiny model with RANDOM weights, so its text is gibberish")
+        path = demo_model(_log)
+    else:
+        path = Path(target)
+    if device == "auto":
+        _log("the GPU executor is not built yet; using the numpy reference executor (fp32, slow)")
+    t0 = time.perf_counter()
+    _log(f"loading {path} ...")
+    source = open_model(path)
+    executor = ReferenceExecutor(source.config, source.weights)
+    _log(f"loaded {source.identity} in {time.perf_counter() - t0:.1f} s")
+    return source, executor
+
+
+def _print_stream(stream):
+    """Answer text to stdout as it comes, reasoning to stderr; returns the Completion."""
+    from inferno.frontend.pipeline import Completion
+
+    reasoning = _Reasoning(sys.stderr)
+    done = None
+    try:
+        for event in stream:
+            if isinstance(event, Completion):
+                done = event
+            elif event.channel == "reasoning":
+                reasoning.write(event.text)
+            else:
+                reasoning.close()
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+    finally:
+        stream.close()
+        reasoning.close()
+    return done
+
+
+def _report(done) -> None:
+    """Tool calls (JSON lines) to stdout; counts and speeds to stderr."""
+    if done.content and not done.content.endswith("\n"):
+        sys.stdout.write("\n")
+    for call in done.tool_calls:
+        sys.stdout.write(json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+    u, st = done.usage, done.stats
+    timing = ""
+    if st is not None:
+        timing = (
+            f"; prefill {st.prefill_s:.2f} s ({st.prefill_tok_s:.1f} tok/s)"
+            f", decode {st.decode_s:.2f} s ({st.decode_tok_s:.1f} tok/s)"
+        )
+    _log(
+        f"{u.prompt_tokens} prompt + {u.completion_tokens} completion tokens "
+        f"({u.reasoning_tokens} reasoning), finish: {done.finish_reason}{timing}"
+    )
