@@ -2,6 +2,11 @@
 
 import functools
 import os
+import sys
+
+# Shared helpers (fake_executor, model_fixtures, server_harness) import by plain module name;
+# test modules themselves load with --import-mode=importlib, so tests/ and tests/gpu/ may share names.
+sys.path.insert(0, os.path.dirname(__file__))
 
 # One BLAS thread: the tiny-model tests are latency-bound and CI has 2 shared cores.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
