@@ -483,6 +483,8 @@ class ArtifactWriter:
             self._f.flush()
             os.fsync(self._f.fileno())
             self._f.close()
+            if self.path.is_dir():
+                raise ArtifactError(f"{self.path}: is a directory; give a file name ending in .ninfer")
             os.replace(self._tmp, self.path)
             _fsync_dir(self.path.parent)
         except BaseException:
