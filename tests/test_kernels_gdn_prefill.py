@@ -1,0 +1,287 @@
+"""CPU: the GDN prefill kernels (gdn_conv_prefill, gdn_chunk) — their algebra against A1's numpy
+reference, builds for sm_90a and sm_120a (tensor-core mma in the SASS, smem within the arch limit),
+manifests consistent with the registry entries, launcher packing and argument checks."""
+
+import hashlib
+import struct
+
+import numpy as np
+import pytest
+from gdn_prefill_emulation import chunk_kernel, inputs_to_heads
+
+from inferno.cuda.errors import LaunchError
+from inferno.cuda.memory import DeviceBuffer
+from inferno.cuda.params import ParamLayout, ParamSpec
+from inferno.kernels.gdn_prefill_variants import (GDN_PREFILL_LAUNCHERS, GDN_PREFILL_VARIANTS, GdnChunk,
+                                                  GdnConvPrefill)
+from inferno.kernels.manifest import Manifest, grid_symbols, source_hash
+from inferno.kernels.registry import ARCHS, Tensor
+from inferno.model.reference.gdn import causal_conv, chunked_delta_rule, recurrent_delta_rule
+
+SMEM_LIMIT = {"sm_90a": 232448, "sm_120a": 101376}
+BY_NAME = {v.name: v for v in GDN_PREFILL_VARIANTS}
+PAIRS = [(v.name, a) for v in GDN_PREFILL_VARIANTS for a in v.archs]
+D = 128
+
+
+def _rel(x, ref) -> float:
+    return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
+
+
+def _heads(rng, t, hk=2, hv=6):
+    qkv = rng.standard_normal((t, 2 * hk * D + hv * D), np.float32)
+    a, b = rng.standard_normal((2, t, hv), np.float32)
+    a_log = np.log(rng.uniform(1, 16, hv)).astype(np.float32)
+    dt_bias = np.log(np.expm1(rng.uniform(1e-3, 0.1, hv))).astype(np.float32)
+    state = 0.1 * rng.standard_normal((hv, D, D), np.float32)
+    return inputs_to_heads(qkv, a, b, a_log, dt_bias, hk, hv), state
+
+
+# --- the kernel's algebra (tests/gdn_prefill_emulation.py mirrors the kernel), no GPU -------------
+
+
+@pytest.mark.parametrize("t", [1, 63, 64, 65, 200])
+def test_chunk_algebra_matches_reference(t):
+    """R = beta (v - exp(G) k S), one solve for v_new, k rescaled to the chunk end: exact in fp32."""
+    rng = np.random.default_rng(t)
+    (q, k, v, g, beta), state = _heads(rng, t)
+    o_ref, s_ref = recurrent_delta_rule(q, k, v, g, beta, state)
+    o, s = chunk_kernel(q, k, v, g, beta, state, round_bf16=False)
+    print(f"t={t}: o rel {_rel(o, o_ref):.1e}  state rel {_rel(s, s_ref):.1e}")
+    assert _rel(o, o_ref) < 1e-5 and _rel(s, s_ref) < 1e-5
+    if t > 1:  # and A1's chunked form agrees with both
+        o_c, s_c = chunked_delta_rule(q, k, v, g, beta, state)
+        assert _rel(o, o_c) < 1e-5 and _rel(s, s_c) < 1e-5
+
+
+def test_bf16_operands_cost_well_under_the_gpu_tolerance():
+    """The bf16 roundings of the tensor-core operands (q, k, S, A, v_new, k_d) over 4 chunks."""
+    rng = np.random.default_rng(7)
+    (q, k, v, g, beta), state = _heads(rng, 256)
+    o_ref, s_ref = recurrent_delta_rule(q, k, v, g, beta, state)
+    o, s = chunk_kernel(q, k, v, g, beta, state, round_bf16=True)
+    print(f"bf16 operands: o rel {_rel(o, o_ref):.2e}  state rel {_rel(s, s_ref):.2e}")
+    assert _rel(o, o_ref) < 5e-3 and _rel(s, s_ref) < 5e-3
+
+
+def _conv_like_kernel(x, st, w, tokens_per_thread=16):
+    """The conv kernel's indexing: token blocks, each sliding a window that starts in the state when
+    the block starts before token K-1; the first block writes the new state."""
+    t, c = x.shape
+    taps = w.shape[0] - 1
+
+    def raw(p):
+        return x[p] if p >= 0 else st[p + taps]
+
+    out = np.empty_like(x)
+    for t0 in range(0, t, tokens_per_thread):
+        win = [raw(t0 - taps + j) for j in range(taps)]
+        for s in range(t0, min(t0 + tokens_per_thread, t)):
+            out[s] = w[taps] * x[s] + sum(win[j] * w[j] for j in range(taps))
+            win = win[1:] + [x[s]]
+    return out, np.stack([raw(t - taps + j) for j in range(taps)])
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 5, 16, 17, 40])
+def test_conv_indexing_matches_reference(t):
+    rng = np.random.default_rng(t)
+    c = 16
+    x = rng.standard_normal((t, c), np.float32)
+    st = rng.standard_normal((3, c), np.float32)  # tap-major, tap 0 oldest
+    w = rng.standard_normal((4, c), np.float32)  # tap-major
+    out, new_st = _conv_like_kernel(x, st, w)
+    ref, ref_st = causal_conv(x, st.T, w.T)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(new_st, ref_st.T)
+
+
+# --- builds and manifests -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
+    from inferno.kernels import build as kbuild
+
+    root = tmp_path_factory.mktemp("gdn_prefill_kernels")
+    kbuild.build_all(list(GDN_PREFILL_VARIANTS), list(ARCHS), root, progress=None)  # about 25 s
+    return root
+
+
+def _manifest(root, name, arch) -> Manifest:
+    return Manifest.read(root / arch / f"{name}.json")
+
+
+def test_variants_are_distinct_and_have_launchers():
+    from inferno.kernels.gdn_variants import GDN_VARIANTS
+    from inferno.kernels.registry import VARIANTS
+
+    taken = {v.name for v in (*VARIANTS, *GDN_VARIANTS) if v not in GDN_PREFILL_VARIANTS}
+    assert len(BY_NAME) == len(GDN_PREFILL_VARIANTS) and not taken & set(BY_NAME)
+    assert {v.op for v in GDN_PREFILL_VARIANTS} == set(GDN_PREFILL_LAUNCHERS)
+    for v in GDN_PREFILL_VARIANTS:
+        assert set(v.archs) == set(ARCHS) and v.source_file.is_file()
+
+
+@pytest.mark.parametrize("name,arch", PAIRS)
+def test_manifest_complete_and_consistent(built, name, arch):
+    from inferno.cuda.image import cubin_entries, inspect_image
+    from inferno.kernels import cache
+
+    v = BY_NAME[name]
+    m = _manifest(built, name, arch)
+    cubin = (built / arch / f"{name}.cubin").read_bytes()
+    info = inspect_image(cubin)
+    assert info.kind == "cubin" and info.arch == arch
+    assert m.entry in cubin_entries(cubin)
+    assert (m.variant, m.op, m.arch, m.source) == (v.name, v.op, arch, v.source)
+    assert m.source_hash == source_hash(v.source_file, v.config)
+    assert m.cubin_sha256 == hashlib.sha256(cubin).hexdigest()
+    assert m.config == v.config and m.cluster == [1, 1, 1]
+    assert 0 <= m.smem <= SMEM_LIMIT[arch]
+    args = [a for a in v.args if a is not None]
+    assert [p.name for p in m.params] == [a.name for a in args]
+    for p, a in zip(m.params, args):
+        if isinstance(a, Tensor):
+            assert (p.kind, p.dtype, p.dyn_shape, p.dyn_stride) == ("tensor", a.dtype, list(a.dyn_shape),
+                                                                     list(a.dyn_stride))
+        else:
+            assert (p.kind, p.size) == (a.dtype, 4)
+    specs = [ParamSpec(p.name, p.kind, p.size, p.align, len(p.dyn_shape) if p.kind == "tensor" else 0,
+                       len(p.dyn_stride)) for p in m.params]
+    assert list(ParamLayout(specs).offsets) == [p.offset for p in m.params]
+    assert grid_symbols(m.grid) <= {s for p in m.params for s in p.dyn_shape}
+    assert cache.stale_reason(v, arch, built) is None
+
+
+def test_chunk_block_smem_and_tensor_cores(built):
+    """256 threads; q/k tiles + S (bf16) + L (fp32) + A (bf16) in smem; the products are HMMA."""
+    import os
+    import shutil
+    import subprocess
+
+    need = 2 * 64 * 128 * 2 + 128 * 128 * 2 + 64 * 64 * 4 + 64 * 64 * 2 + 2 * 64 * 4
+    for arch in ARCHS:
+        m = _manifest(built, "gdn_chunk", arch)
+        assert m.block == [256, 1, 1] and need <= m.smem <= SMEM_LIMIT[arch]
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        import nvidia
+
+        cand = [os.path.join(p, "cu13", "bin", "cuobjdump") for p in nvidia.__path__]
+        tool = next((c for c in cand if os.path.exists(c)), None)
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    for arch in ARCHS:
+        sass = subprocess.run([tool, "-sass", str(built / arch / "gdn_chunk.cubin")], capture_output=True,
+                              text=True, check=True).stdout
+        hmma, ldsm = sass.count("HMMA.16816.F32.BF16"), sass.count("LDSM")
+        print(f"{arch}: {hmma} HMMA.16816.F32.BF16, {ldsm} LDSM per chunk iteration")
+        # Per warp and chunk: X S (128) + X k^T (64) + A v_new (64) + S update (64) mma.sync.
+        assert hmma == 320 and ldsm > 0
+
+
+# --- launchers without a GPU: packing and validation up to the driver call ----------------------
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, kernel, grid, block, params, smem, stream):
+        self.calls.append((tuple(grid), tuple(block), params, smem))
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    from inferno.kernels import launchers
+
+    r = _Recorder()
+    monkeypatch.setattr(launchers, "launch", r)
+    return r
+
+
+def _fake_loaded(built, name, arch="sm_90a"):
+    from inferno.kernels.cache import LoadedKernel
+
+    m = _manifest(built, name, arch)
+    specs = [ParamSpec(p.name, p.kind, p.size, p.align, len(p.dyn_shape) if p.kind == "tensor" else 0,
+                       len(p.dyn_stride)) for p in m.params]
+    return LoadedKernel(BY_NAME[name], m, None, ParamLayout(specs, name), 132)
+
+
+def _dev(nbytes, ptr):
+    return DeviceBuffer(ptr, nbytes, "buf")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_conv_launcher_packs_and_grids(built, rec, arch):
+    k = GdnConvPrefill(_fake_loaded(built, "gdn_conv_prefill", arch))
+    t, c, ns, xs, slot = 1000, 10240, 5, 10240 + 64, 3
+    x, st, w = _dev(t * xs * 2, 1 << 30), _dev(ns * 3 * c * 2, 1 << 24), _dev(4 * c * 2, 1 << 26)
+    out = _dev(t * c * 2, 1 << 32)
+    k(x, st, w, out, t, c, ns, slot, x_stride=xs)
+    grid, block, params, smem = rec.calls[-1]
+    assert grid == (10, 63, 1) and block == (128, 1, 1) and smem == 0
+    assert params.raw("x") == struct.pack("<Qiiq", x.ptr, t, c, xs)
+    assert params.raw("conv_state") == struct.pack("<Qiiqq", st.ptr, ns, c, 3 * c, c)
+    assert params.raw("conv_w") == struct.pack("<Qiiq", w.ptr, c, 0, c)
+    assert params.raw("out") == struct.pack("<Qiiq", out.ptr, t, c, c)
+    assert params.raw("slot") == struct.pack("<i", slot)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("hk,hv", [(16, 48), (16, 32)])
+def test_chunk_launcher_packs_and_grids(built, rec, arch, hk, hv):
+    k = GdnChunk(_fake_loaded(built, "gdn_chunk", arch))
+    t, ns, slot = 1024, 6, 5
+    cq, zw = 2 * hk * D + hv * D, hv * D
+    ab = _dev(t * 2 * hv * 2, 1 << 30)  # a and b inside one fused [T, 2 * Hv] projection output
+    bufs = dict(qkv=_dev(t * cq * 2, 1 << 33), z=_dev(t * zw * 2, 1 << 34), a=ab,
+                b=DeviceBuffer(ab.ptr + hv * 2, ab.nbytes - hv * 2, "b"),
+                a_log=_dev(hv * 4, 1 << 23), dt_bias=_dev(hv * 4, (1 << 23) + 4096),
+                norm_w=_dev(D * 2, 1 << 24), state=_dev(ns * hv * D * D * 4, 1 << 35),
+                out=_dev(t * zw * 2, 1 << 36))
+    k(*bufs.values(), t, hk, hv, ns, slot, 1e-6, a_stride=2 * hv, b_stride=2 * hv)
+    grid, block, params, smem = rec.calls[-1]
+    assert grid == (hv, 1, 1) and block == (256, 1, 1) and smem > 48 * 1024
+    p = {n: bufs[n].ptr for n in bufs}
+    assert params.raw("qkv") == struct.pack("<Qiiq", p["qkv"], t, cq, cq)
+    assert params.raw("z") == struct.pack("<Qiiq", p["z"], t, zw, zw)
+    assert params.raw("a") == struct.pack("<Qiiq", p["a"], t, hv, 2 * hv)
+    assert params.raw("b") == struct.pack("<Qiiq", p["b"], t, hv, 2 * hv)
+    assert params.raw("a_log") == struct.pack("<Qii", p["a_log"], hv, 0)
+    assert params.raw("dt_bias") == struct.pack("<Qii", p["dt_bias"], hv, 0)
+    assert params.raw("norm_w") == struct.pack("<Q", p["norm_w"])
+    assert params.raw("state") == struct.pack("<Qii", p["state"], ns * hv, 0)
+    assert params.raw("out") == struct.pack("<Qiiq", p["out"], t, zw, zw)
+    assert params.raw("slot") == struct.pack("<i", slot)
+    assert struct.unpack("<f", params.raw("eps"))[0] == pytest.approx(1e-6)
+
+
+def test_launchers_refuse_bad_arguments_before_the_driver(built, rec):
+    conv = GdnConvPrefill(_fake_loaded(built, "gdn_conv_prefill"))
+    big = _dev(64 << 20, 1 << 20)
+    other = _dev(64 << 20, 1 << 30)
+    with pytest.raises(LaunchError, match="channels = 100 must be a multiple of 8"):
+        conv(big, big, big, other, 1, 100, 1, 0)
+    with pytest.raises(LaunchError, match="slot = 2 is outside the 2 state slots"):
+        conv(big, big, big, other, 4, 1024, 2, 2)
+    with pytest.raises(LaunchError, match="slot must be >= 0"):
+        conv(big, big, big, other, 4, 1024, 2, -1)
+    with pytest.raises(LaunchError, match="x and out overlap"):
+        conv(big, other, other, big, 4, 1024, 2, 0)
+    with pytest.raises(LaunchError, match="tokens must be >= 1"):
+        conv(big, other, other, other, 0, 1024, 2, 0)
+    with pytest.raises(LaunchError, match="x_stride = 1028 must be a multiple of 8"):
+        conv(big, other, other, other, 2, 1024, 2, 0, x_stride=1028)
+    chunk = GdnChunk(_fake_loaded(built, "gdn_chunk"))
+    with pytest.raises(LaunchError, match="v_heads = 40 must be a multiple of k_heads = 16"):
+        chunk(*[big] * 9, 1, 16, 40, 1, 0)
+    with pytest.raises(LaunchError, match="state 'small'"):
+        chunk(*[big] * 7, DeviceBuffer(1 << 20, 48 * 128 * 128 * 4, "small"), big, 1, 16, 48, 2, 1)
+    with pytest.raises(LaunchError, match="qkv 'buf' has"):
+        chunk(*[big] * 9, 4096, 16, 48, 1, 0)
+    with pytest.raises(LaunchError, match="needs a 'gdn_chunk' kernel"):
+        GdnChunk(_fake_loaded(built, "gdn_conv_prefill"))
+    assert rec.calls == []
