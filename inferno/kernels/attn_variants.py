@@ -1,0 +1,292 @@
+"""Kernel variants of gated full-attention decode and their typed launchers.
+
+Three kernels per attention layer and decode step (docs/kernels-attention.md):
+  attn_qk_prep        q/k norm + RoPE, k and v written into the paged KV cache (kv_layout.py)
+  attn_decode_g<G>    split-K attention partials; one CTA per (split, kv head, sequence), the G
+                      query heads of a kv head share its K/V reads (G = 6 for 27B, 8 for 35B-A3B)
+  attn_combine        merges the splits, applies the sigmoid gate, writes bf16 [B, Hq*256]
+
+Shapes (d = 256): qg bf16 [B, Hq*2d] (per head [q | gate]), k and v bf16 [B, Hkv*d], q_norm and
+k_norm bf16 [d], positions and lens int32 [B] (lens = cached tokens including this one),
+page_table int32 [B, P], kv pool bf16 [rows, d], q scratch fp32 [B, Hq, d], partials fp32
+o [B, Hq, S, d] and lse [B, Hq, S], out bf16 [B, Hq*d]. The lead adds ATTN_VARIANTS to the
+registry; until then `AttnDecode.load(...)` loads them straight from the kernel cache.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from inferno.cuda.errors import LaunchError
+from inferno.cuda.memory import DeviceBuffer
+from inferno.cuda.params import TensorArg
+from inferno.kernels.kv_layout import HEAD_DIM, PAGE_TOKENS
+from inferno.kernels.launchers import Launcher, _buf, _int
+from inferno.kernels.registry import Scalar, Tensor, Variant
+
+if TYPE_CHECKING:
+    from inferno.cuda.device import Device
+
+GROUPS = (2, 6, 8)  # query heads per kv head: tiny test models 4/2, 27B 24/4, 35B-A3B 16/2
+MAX_BATCH = 65535
+
+_D = HEAD_DIM
+_QG = Tensor("qg", "bf16", ("B", "QG"), ("qg_stride", 1))
+_Q = Tensor("q", "f32", ("B", "Hq", _D), ("q_sb", _D, 1))
+_LENS = Tensor("lens", "i32", ("B",), (1,), align=4)
+_PT = Tensor("page_table", "i32", ("B", "P"), ("pt_stride", 1), align=4)
+_KV = Tensor("kv", "bf16", ("KR", _D), ("kv_stride", 1))
+_PO = Tensor("part_o", "f32", ("B", "Hq", "S", _D), ("po_sb", "po_sh", _D, 1))
+_PL = Tensor("part_lse", "f32", ("B", "Hq", "S"), ("pl_sb", "pl_sh", 1), align=4)
+
+PREP = Variant(
+    name="attn_qk_prep", op="attn_qk_prep", source="cute_kernels.attn_prep", cls="AttnQkPrep",
+    config=dict(warps=4, rotary=64),
+    args=(_QG, Tensor("k", "bf16", ("B", "KD"), ("k_stride", 1)), Tensor("v", "bf16", ("B", "KD"), ("v_stride", 1)),
+          Tensor("q_norm", "bf16", (_D,), (1,)), Tensor("k_norm", "bf16", (_D,), (1,)),
+          Tensor("positions", "i32", ("B",), (1,), align=4), _LENS, _PT, _KV, _Q,
+          Scalar("eps", "f32"), Scalar("rope_theta", "f32")),
+    grid=("cdiv(Hq + KD // 256, 4)", "B", "1"),
+    divisibility={"QG": 8, "KD": 256, "qg_stride": 8, "k_stride": 8, "v_stride": 8, "kv_stride": 8, "q_sb": 4},
+    summary="q/k zero-centred RMSNorm + NeoX RoPE (64 dims) per head; k, v appended to the paged KV cache",
+)
+
+
+def _decode(group: int, block: int, ctas_per_sm: int, suffix: str = "") -> Variant:
+    return Variant(
+        name=f"attn_decode_g{group}{suffix}", op="attn_decode", source="cute_kernels.attn_decode", cls="AttnDecode",
+        config=dict(group=group, block=block, ctas_per_sm=ctas_per_sm),
+        args=(_Q, _LENS, _PT, _KV, _PO, _PL, Scalar("scale", "f32")),
+        grid=("S", f"Hq // {group}", "B"),
+        divisibility={"Hq": group, "kv_stride": 8, "q_sb": 4, "po_sb": 4, "po_sh": 4},
+        summary=f"split-K paged decode attention partials, {group} query heads per kv head, d = 256, "
+                f"{block}-token blocks, {ctas_per_sm} CTA(s) per SM",
+    )
+
+
+COMBINE = Variant(
+    name="attn_combine", op="attn_combine", source="cute_kernels.attn_decode", cls="AttnCombine",
+    config=dict(threads=64),
+    args=(_PO, _PL, _LENS, _QG, Tensor("out", "bf16", ("B", "OD"), ("out_stride", 1))),
+    grid=("Hq", "B", "1"),
+    divisibility={"QG": 8, "OD": 8, "qg_stride": 8, "out_stride": 8, "po_sb": 4, "po_sh": 4},
+    summary="merge split-K partials (log-sum-exp), o *= sigmoid(gate), bf16 out",
+)
+
+# Defaults (`attn_decode_g<G>`) chosen from the sm_90a register counts, without a GPU to measure:
+# G = 6 with 32-token blocks fits 128 registers, so two CTAs share an SM (a few scalar spills);
+# G = 8 does not (its accumulators would spill every block), so it runs one CTA per SM and loads
+# 64-token blocks to keep more bytes in flight. The `_alt` variants are the other choice, kept for
+# the GPU benchmark (tests/gpu/test_kernels_attn.py::test_decode_bandwidth_report) to settle.
+DECODE_VARIANTS: tuple[Variant, ...] = (
+    _decode(2, 32, 2), _decode(6, 32, 2), _decode(8, 64, 1), _decode(6, 64, 1, "_alt"), _decode(8, 32, 2, "_alt"))
+ATTN_VARIANTS: tuple[Variant, ...] = (PREP, *DECODE_VARIANTS, COMBINE)
+_BY_NAME = {v.name: v for v in ATTN_VARIANTS}
+
+
+def attn_variant(name: str) -> Variant:
+    """The attention variant called `name`."""
+    v = _BY_NAME.get(name)
+    if v is None:
+        raise LaunchError(f"no attention kernel variant {name!r}; variants: {', '.join(_BY_NAME)}")
+    return v
+
+
+def decode_variant(n_heads: int, n_kv_heads: int) -> Variant:
+    """The decode variant for a head layout (query heads per kv head = its group)."""
+    if n_kv_heads < 1 or n_heads % n_kv_heads or n_heads // n_kv_heads not in GROUPS:
+        raise LaunchError(f"no decode attention kernel for {n_heads} query / {n_kv_heads} kv heads; "
+                          f"query heads per kv head must be one of {GROUPS}")
+    return attn_variant(f"attn_decode_g{n_heads // n_kv_heads}")
+
+
+def default_splits(max_len: int, batch: int, n_kv_heads: int, sm_count: int = 132) -> int:
+    """Splits per (sequence, kv head): about two CTAs per SM over the batch (the G = 6 kernel runs two
+    per SM), at most one per page.
+
+    The split count can stay fixed while lengths grow (CUDA graphs): each sequence cuts its own
+    pages into at most this many splits."""
+    pages = max(-(-max_len // PAGE_TOKENS), 1)
+    return max(1, min(pages, -(-2 * sm_count // max(batch * n_kv_heads, 1))))
+
+
+def partial_bytes(batch: int, n_heads: int, splits: int) -> tuple[int, int]:
+    """Bytes of the fp32 split-K partials (part_o, part_lse)."""
+    n = batch * n_heads * splits
+    return n * HEAD_DIM * 4, n * 4
+
+
+def _pool_rows(kv: DeviceBuffer, n_kv_heads: int, kernel: str) -> int:
+    """Rows of head_dim values in the KV pool `kv` (whole pages only)."""
+    page = 2 * n_kv_heads * PAGE_TOKENS * HEAD_DIM * 2
+    _buf(kv, "kv", kernel, page)
+    rows = kv.nbytes // page * 2 * n_kv_heads * PAGE_TOKENS
+    if rows >= 2**31:
+        raise LaunchError(f"kernel {kernel}: KV pool of {rows} rows exceeds 2^31 - 1; split the pool per layer")
+    return rows
+
+
+class _AttnLauncher(Launcher):
+    @classmethod
+    def load(cls, name: str, device: "Device | None" = None) -> "_AttnLauncher":
+        """The launcher for variant `name`, loaded from the kernel cache (built first when stale)."""
+        from inferno.cuda.device import Device
+        from inferno.kernels.cache import load
+
+        return cls(load(attn_variant(name), device or Device.open()))
+
+    def _heads(self, batch: int, n_heads: int, n_kv_heads: int) -> tuple[int, int, int]:
+        batch = _int(batch, "batch", self.name)
+        hq = _int(n_heads, "n_heads", self.name)
+        hkv = _int(n_kv_heads, "n_kv_heads", self.name)
+        if batch > MAX_BATCH:
+            raise LaunchError(f"kernel {self.name}: batch = {batch} exceeds {MAX_BATCH}; split the batch")
+        if hq % hkv:
+            raise LaunchError(f"kernel {self.name}: n_heads = {hq} is not a multiple of n_kv_heads = {hkv}")
+        return batch, hq, hkv
+
+    def _table(self, lens: DeviceBuffer, page_table: DeviceBuffer, batch: int, width: int) -> list[TensorArg]:
+        width = _int(width, "table_width", self.name)
+        return [TensorArg(_buf(lens, "lens", self.name, batch * 4, align=4), (batch,)),
+                TensorArg(_buf(page_table, "page_table", self.name, batch * width * 4, align=4), (batch, width),
+                          (width,))]
+
+
+class AttnQkPrep(_AttnLauncher):
+    """q/k norm + RoPE of one decode token per sequence; k, v appended to the paged KV cache."""
+
+    op = "attn_qk_prep"
+
+    def __call__(self, qg: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
+                 k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer,
+                 kv: DeviceBuffer, q: DeviceBuffer, *, batch: int, n_heads: int, n_kv_heads: int,
+                 table_width: int, eps: float = 1e-6, rope_theta: float = 1e7, qg_stride: int | None = None,
+                 kv_stride: int | None = None, stream: Any = None) -> None:
+        """qg [batch, qg_stride >= n_heads*512], k and v [batch, kv_stride >= n_kv_heads*256] bf16;
+        positions, lens int32 [batch]; page_table int32 [batch, table_width]; q fp32 [batch, n_heads, 256]."""
+        b, hq, hkv = self._heads(batch, n_heads, n_kv_heads)
+        qg_w, kd = hq * 2 * HEAD_DIM, hkv * HEAD_DIM
+        qs = qg_w if qg_stride is None else _int(qg_stride, "qg_stride", self.name)
+        ks = kd if kv_stride is None else _int(kv_stride, "kv_stride", self.name)
+        for what, stride, width in (("qg_stride", qs, qg_w), ("kv_stride", ks, kd)):
+            if stride < width or stride % 8:
+                raise LaunchError(f"kernel {self.name}: {what} = {stride} must be >= {width} and a multiple of 8")
+        rows = _pool_rows(kv, hkv, self.name)
+        args = [TensorArg(_buf(qg, "qg", self.name, ((b - 1) * qs + qg_w) * 2), (b, qg_w), (qs,)),
+                TensorArg(_buf(k, "k", self.name, ((b - 1) * ks + kd) * 2), (b, kd), (ks,)),
+                TensorArg(_buf(v, "v", self.name, ((b - 1) * ks + kd) * 2), (b, kd), (ks,)),
+                TensorArg(_buf(q_norm, "q_norm", self.name, HEAD_DIM * 2)),
+                TensorArg(_buf(k_norm, "k_norm", self.name, HEAD_DIM * 2)),
+                TensorArg(_buf(positions, "positions", self.name, b * 4, align=4), (b,)),
+                *self._table(lens, page_table, b, table_width),
+                TensorArg(kv.ptr, (rows,), (HEAD_DIM,)),
+                TensorArg(_buf(q, "q", self.name, b * hq * HEAD_DIM * 4), (b, hq), (hq * HEAD_DIM,)),
+                eps, rope_theta]
+        self._launch(args, {"B": b, "Hq": hq, "KD": kd}, stream)
+
+
+class AttnDecode(_AttnLauncher):
+    """Split-K attention partials of one query token per sequence over its paged KV cache."""
+
+    op = "attn_decode"
+
+    def __call__(self, q: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer, kv: DeviceBuffer,
+                 part_o: DeviceBuffer, part_lse: DeviceBuffer, *, batch: int, n_heads: int, n_kv_heads: int,
+                 table_width: int, splits: int, scale: float = HEAD_DIM ** -0.5, stream: Any = None) -> None:
+        """q fp32 [batch, n_heads, 256]; part_o fp32 [batch, n_heads, splits, 256]; part_lse [.., splits]."""
+        b, hq, hkv = self._heads(batch, n_heads, n_kv_heads)
+        if hq // hkv != self.config["group"]:
+            raise LaunchError(f"kernel {self.name}: {hq} query / {hkv} kv heads is group {hq // hkv}, "
+                              f"the kernel's is {self.config['group']}; use {decode_variant(hq, hkv).name}")
+        s = _int(splits, "splits", self.name)
+        po_bytes, pl_bytes = partial_bytes(b, hq, s)
+        args = [TensorArg(_buf(q, "q", self.name, b * hq * HEAD_DIM * 4), (b, hq), (hq * HEAD_DIM,)),
+                *self._table(lens, page_table, b, table_width),
+                TensorArg(kv.ptr, (_pool_rows(kv, hkv, self.name),), (HEAD_DIM,)),
+                TensorArg(_buf(part_o, "part_o", self.name, po_bytes), (b, hq, s), (hq * s * HEAD_DIM, s * HEAD_DIM)),
+                TensorArg(_buf(part_lse, "part_lse", self.name, pl_bytes, align=4), (b, hq, s), (hq * s, s)),
+                scale]
+        self._launch(args, {"B": b, "Hq": hq, "S": s}, stream)
+
+
+class AttnCombine(_AttnLauncher):
+    """out[b, h] = merge of the split partials * sigmoid(gate of head h), bf16 [batch, n_heads*256]."""
+
+    op = "attn_combine"
+
+    def __call__(self, part_o: DeviceBuffer, part_lse: DeviceBuffer, lens: DeviceBuffer, qg: DeviceBuffer,
+                 out: DeviceBuffer, *, batch: int, n_heads: int, splits: int, qg_stride: int | None = None,
+                 out_stride: int | None = None, stream: Any = None) -> None:
+        b, hq, _ = self._heads(batch, n_heads, 1)
+        s = _int(splits, "splits", self.name)
+        qg_w, od = hq * 2 * HEAD_DIM, hq * HEAD_DIM
+        qs = qg_w if qg_stride is None else _int(qg_stride, "qg_stride", self.name)
+        os_ = od if out_stride is None else _int(out_stride, "out_stride", self.name)
+        for what, stride, width in (("qg_stride", qs, qg_w), ("out_stride", os_, od)):
+            if stride < width or stride % 8:
+                raise LaunchError(f"kernel {self.name}: {what} = {stride} must be >= {width} and a multiple of 8")
+        po_bytes, pl_bytes = partial_bytes(b, hq, s)
+        args = [TensorArg(_buf(part_o, "part_o", self.name, po_bytes), (b, hq, s), (hq * s * HEAD_DIM, s * HEAD_DIM)),
+                TensorArg(_buf(part_lse, "part_lse", self.name, pl_bytes, align=4), (b, hq, s), (hq * s, s)),
+                TensorArg(_buf(lens, "lens", self.name, b * 4, align=4), (b,)),
+                TensorArg(_buf(qg, "qg", self.name, ((b - 1) * qs + qg_w) * 2), (b, qg_w), (qs,)),
+                TensorArg(_buf(out, "out", self.name, ((b - 1) * os_ + od) * 2), (b, od), (os_,))]
+        self._launch(args, {"B": b, "Hq": hq, "S": s}, stream)
+
+
+class PagedAttention:
+    """One gated full-attention decode step after the projections: prep, split-K partials, combine.
+
+    `scratch` holds the fp32 q and the partials; size it with `scratch_bytes`."""
+
+    def __init__(self, n_heads: int, n_kv_heads: int, device: "Device | None" = None, decode: str | None = None):
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.prep = AttnQkPrep.load(PREP.name, device)
+        self.decode = AttnDecode.load(decode or decode_variant(n_heads, n_kv_heads).name, device)
+        self.combine = AttnCombine.load(COMBINE.name, device)
+
+    def scratch_bytes(self, batch: int, splits: int) -> int:
+        po, pl = partial_bytes(batch, self.n_heads, splits)
+        return _align(batch * self.n_heads * HEAD_DIM * 4) + _align(po) + _align(pl)
+
+    def __call__(self, qg: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
+                 k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer,
+                 kv: DeviceBuffer, scratch: DeviceBuffer, out: DeviceBuffer, *, batch: int, table_width: int,
+                 splits: int, eps: float = 1e-6, rope_theta: float = 1e7, stream: Any = None) -> None:
+        """lens: cached tokens per sequence including this one (the kernels append at lens - 1)."""
+        hq, hkv = self.n_heads, self.n_kv_heads
+        need = self.scratch_bytes(batch, splits)
+        if not isinstance(scratch, DeviceBuffer) or scratch.nbytes < need:
+            raise LaunchError(f"paged attention: scratch must be a DeviceBuffer of at least {need} bytes")
+        po, pl = partial_bytes(batch, hq, splits)
+        q_bytes = _align(batch * hq * HEAD_DIM * 4)
+        q = scratch.view(0, q_bytes, "attn q")
+        part_o = scratch.view(q_bytes, _align(po), "attn part_o")
+        part_lse = scratch.view(q_bytes + _align(po), _align(pl), "attn part_lse")
+        heads = dict(batch=batch, n_heads=hq)
+        self.prep(qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, n_kv_heads=hkv,
+                  table_width=table_width, eps=eps, rope_theta=rope_theta, stream=stream, **heads)
+        self.decode(q, lens, page_table, kv, part_o, part_lse, n_kv_heads=hkv, table_width=table_width,
+                    splits=splits, stream=stream, **heads)
+        self.combine(part_o, part_lse, lens, qg, out, splits=splits, stream=stream, **heads)
+
+
+def _align(n: int, to: int = 256) -> int:
+    return -(-n // to) * to
+
+
+def build(out_dir: str, archs: tuple[str, ...] = ("sm_90a",)) -> None:
+    """Compile every attention variant into out_dir/<arch>/ (progress on stderr)."""
+    from pathlib import Path
+
+    from inferno.kernels.build import build_all
+
+    build_all(list(ATTN_VARIANTS), list(archs), Path(out_dir))
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m inferno.kernels.attn_variants OUT_DIR [sm_90a,sm_120a]")
+    build(sys.argv[1], tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else ("sm_90a",))

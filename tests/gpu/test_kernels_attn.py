@@ -1,0 +1,318 @@
+"""Gated full-attention decode kernels vs the numpy reference on the live GPU.
+
+One decode step per sequence after the projections: attn_qk_prep (q/k norm + RoPE, k/v appended
+to the paged cache), attn_decode_g<G> (split-K partials) and attn_combine (merge + sigmoid gate).
+Fresh random inputs every run, NaN-poisoned cache pages / scratch / outputs, scattered pages.
+Each case prints its errors per output (q after prep, the cache slot written, the gated output)
+before asserting, so a failure says which stage went wrong.
+
+Cubins come from the kernel cache ($INFERNO_KERNEL_DIR); without the DSL on this machine they
+must be built beforehand (`python -m inferno.kernels.attn_variants DIR sm_90a`).
+"""
+
+import numpy as np
+import pytest
+from ml_dtypes import bfloat16
+
+from inferno.checkpoint.presets import get_preset
+from inferno.cuda.copy import from_device, memset_d8, to_device
+from inferno.cuda.device import Device
+from inferno.cuda.memory import device_alloc
+from inferno.kernels import attn_variants as av
+from inferno.kernels.kv_layout import KVLayout, page_table
+from inferno.kernels.reference import rel_error
+from inferno.model.config import ModelConfig
+from inferno.model.reference.attention import causal_attention
+from inferno.model.reference.norms import rms_norm, sigmoid
+from inferno.model.reference.rope import apply_rope, rope_tables
+
+MODELS = {"27b": "qwen3.6-27b", "35b": "qwen3.6-35b-a3b"}
+GUARD = 256
+Q_TOL = 2e-3  # fp32 q: only the fp32 RoPE angle differs from the float64 reference
+K_TOL = 1e-2  # k rounded to bf16 in the cache
+OUT_TOL = 1e-2  # bf16 output
+
+
+@pytest.fixture(scope="module")
+def device():
+    return Device.open()
+
+
+@pytest.fixture(scope="module")
+def configs():
+    return {m: ModelConfig.from_hf(get_preset(p).text) for m, p in MODELS.items()}
+
+
+@pytest.fixture(scope="module")
+def attention(device, configs):
+    kernels = {}
+
+    def get(model: str, decode: str | None = None) -> av.PagedAttention:
+        if (model, decode) not in kernels:
+            c = configs[model]
+            kernels[model, decode] = av.PagedAttention(c.n_heads, c.n_kv_heads, device, decode)
+        return kernels[model, decode]
+
+    return get
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()  # fresh inputs every run
+
+
+def _bf16(rng, shape, scale=1.0) -> np.ndarray:
+    return (scale * rng.standard_normal(shape, np.float32)).astype(bfloat16)
+
+
+def _poisoned(nbytes: int, name: str):
+    buf = device_alloc(nbytes + GUARD, name)
+    memset_d8(buf, 0xFF)
+    return buf
+
+
+def _step(attn: av.PagedAttention, cfg: ModelConfig, lens: list[int], splits: int | None, rng):
+    """Run one decode step on the GPU and return what it wrote plus everything the reference needs."""
+    b, hq, hkv, d = len(lens), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    lay = KVLayout(hkv)
+    need = [lay.pages_for(n) for n in lens]
+    n_pool = sum(need) + 3
+    order = rng.permutation(n_pool).astype(np.int32)  # scattered, out-of-order pages
+    seq_pages, at = [], 0
+    for n in need:
+        seq_pages.append(order[at:at + n].tolist())
+        at += n
+    width = max(need) + 2
+    table = page_table(seq_pages, width)
+    pool = lay.empty_pool(n_pool)  # NaN everywhere the history does not fill
+    for s, n in enumerate(lens):
+        if n > 1:
+            lay.write(pool, table[s], 0, _bf16(rng, (n - 1, hkv, d)), _bf16(rng, (n - 1, hkv, d)))
+
+    qg = _bf16(rng, (b, hq * 2 * d))
+    k = _bf16(rng, (b, hkv * d))
+    v = _bf16(rng, (b, hkv * d))
+    q_norm, k_norm = _bf16(rng, d, 0.5), _bf16(rng, d, 0.5)
+    positions = (np.maximum(np.array(lens) - 1, 0) + rng.integers(0, 40, b)).astype(np.int32)  # M-RoPE may run ahead
+    lens_a = np.array(lens, np.int32)
+    splits = splits or av.default_splits(max(lens), b, hkv)
+
+    up = {n: to_device(None, a, n) for n, a in (("qg", qg), ("k", k), ("v", v), ("q_norm", q_norm),
+                                                ("k_norm", k_norm), ("positions", positions),
+                                                ("lens", lens_a), ("page_table", table), ("kv", pool))}
+    scratch = _poisoned(attn.scratch_bytes(b, splits), "scratch")
+    out_bytes = b * hq * d * 2
+    out = _poisoned(out_bytes, "out")
+    try:
+        attn(up["qg"], up["k"], up["v"], up["q_norm"], up["k_norm"], up["positions"], up["lens"],
+             up["page_table"], up["kv"], scratch, out, batch=b, table_width=width, splits=splits,
+             eps=cfg.rms_eps, rope_theta=cfg.rope_theta)
+        got_q = from_device(scratch, np.float32, (b * hq * d,)).reshape(b, hq, d)
+        got_pool = from_device(up["kv"], bfloat16, pool.shape)
+        raw = from_device(out, np.uint8, (out_bytes + GUARD,))
+    finally:
+        for buf in (*up.values(), scratch, out):
+            buf.free()
+    return dict(lay=lay, table=table, pool=pool, qg=qg, k=k, v=v, q_norm=q_norm, k_norm=k_norm,
+                positions=positions, splits=splits, got_q=got_q, got_pool=got_pool,
+                got_out=raw[:out_bytes].view(bfloat16).reshape(b, hq * d), guard=raw[out_bytes:])
+
+
+def _check(cfg: ModelConfig, lens: list[int], r: dict) -> None:
+    b, hq, hkv, d = len(lens), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    lay, table = r["lay"], r["table"]
+    f32 = np.float32
+    lines, ok = [], True
+    for s, n in enumerate(lens):
+        if n == 0:  # an idle lane: zero output, nothing cached
+            got = r["got_out"][s].astype(f32)
+            lines.append(f"seq {s} idle: out {'zero' if not np.any(got) else 'NOT ZERO'}")
+            ok &= not np.any(got)
+            continue
+        cos, sin = rope_tables(cfg, r["positions"][s:s + 1])
+        qg = r["qg"][s].astype(f32).reshape(1, hq, 2 * d)
+        q_ref = apply_rope(rms_norm(qg[..., :d], r["q_norm"].astype(f32), cfg.rms_eps), cos, sin)
+        k_ref = apply_rope(rms_norm(r["k"][s].astype(f32).reshape(1, hkv, d), r["k_norm"].astype(f32),
+                                    cfg.rms_eps), cos, sin)
+        v_new = r["v"][s].astype(f32).reshape(1, hkv, d)
+
+        got_k, got_v = lay.gather(r["got_pool"], table[s], n)
+        err_q = rel_error(r["got_q"][s], q_ref[0])
+        err_k = rel_error(got_k[n - 1], k_ref[0])
+        v_exact = bool(np.array_equal(got_v[n - 1], v_new[0]))
+
+        hist_k, hist_v = lay.gather(r["pool"], table[s], n)  # history as uploaded (slot n-1 is NaN)
+        keys = np.concatenate([hist_k[:n - 1], k_ref.astype(bfloat16).astype(f32)])
+        values = np.concatenate([hist_v[:n - 1], v_new])
+        o = causal_attention(q_ref, keys, values, scale=d ** -0.5).reshape(hq * d)
+        want = o * sigmoid(qg[0, :, d:].reshape(hq * d))
+        got = r["got_out"][s].astype(f32)
+        unwritten = int(np.isnan(got).sum())
+        err_o = rel_error(np.nan_to_num(got), want)
+        max_o = float(np.max(np.abs(np.nan_to_num(got) - want)))
+        lines.append(f"seq {s} len {n:5d} pos {int(r['positions'][s]):5d}: q rel {err_q:.2e}  k rel {err_k:.2e}  "
+                     f"v {'exact' if v_exact else 'WRONG'}  out rel {err_o:.2e} (max abs {max_o:.2e}, "
+                     f"unwritten {unwritten})")
+        ok &= err_q <= Q_TOL and err_k <= K_TOL and v_exact and err_o <= OUT_TOL and unwritten == 0
+
+    # The step writes exactly one slot per sequence: every other pool entry is as uploaded.
+    before = r["pool"].astype(f32)
+    after = r["got_pool"].astype(f32)
+    mask = np.ones(before.shape, bool)
+    for s, n in enumerate(lens):
+        if n:
+            p, t = divmod(n - 1, lay.page_tokens)
+            mask[table[s][p], :, :, t] = False
+    stray = int(np.sum(~((before == after) | (np.isnan(before) & np.isnan(after))) & mask))
+    guard_ok = bool(np.all(r["guard"] == 0xFF))
+    lines.append(f"splits {r['splits']}  stray cache writes {stray}  out guard {'ok' if guard_ok else 'TOUCHED'}")
+    print(f"\n{cfg.n_heads}/{cfg.n_kv_heads} heads, lens {lens}:\n  " + "\n  ".join(lines))
+    assert ok and stray == 0 and guard_ok, "\n".join(lines)
+
+
+CASES = [
+    ([1], None), ([63], None), ([64], None), ([65], None), ([1000], None), ([8192], None),
+    ([1000], 1),  # one split: the whole sequence in one CTA
+    ([65], 40),  # more splits than pages: idle CTAs, combine reads only the used splits
+    ([1, 65, 1000], None), ([8192, 64, 130], 16), ([2, 3, 4, 5, 6, 7, 8, 9], 3),
+    ([0, 70, 0], None),  # idle lanes (lens 0) around a live one
+]
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("lens,splits", CASES)
+def test_decode_step(attention, configs, rng, model, lens, splits):
+    cfg = configs[model]
+    _check(cfg, lens, _step(attention(model), cfg, lens, splits, rng))
+
+
+ALT = {"27b": "attn_decode_g6_alt", "35b": "attn_decode_g8_alt"}
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("lens,splits", [([65], None), ([1000], 1), ([8192, 64, 130], 16)])
+def test_decode_step_alternative_variants(attention, configs, rng, model, lens, splits):
+    cfg = configs[model]
+    _check(cfg, lens, _step(attention(model, ALT[model]), cfg, lens, splits, rng))
+
+
+def test_two_steps_append(attention, configs, rng):
+    """Step n then step n+1 on the same cache: the second step sees the first step's k/v."""
+    cfg = configs["27b"]
+    attn = attention("27b")
+    hq, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    lay = KVLayout(hkv)
+    pages = np.array([[3, 0]], np.int32)
+    pool = lay.empty_pool(4)
+    lay.write(pool, pages[0], 0, _bf16(rng, (63, hkv, d)), _bf16(rng, (63, hkv, d)))
+    kv = to_device(None, pool, "kv")
+    tab = to_device(None, pages, "page_table")
+    q_norm, k_norm = _bf16(rng, d, 0.5), _bf16(rng, d, 0.5)
+    qn, kn = to_device(None, q_norm, "qn"), to_device(None, k_norm, "kn")
+    scratch = device_alloc(attn.scratch_bytes(1, 2), "scratch")
+    out = device_alloc(hq * d * 2, "out")
+    outs, inputs = [], []
+    try:
+        for n in (64, 65):
+            qg, k, v = _bf16(rng, (1, hq * 2 * d)), _bf16(rng, (1, hkv * d)), _bf16(rng, (1, hkv * d))
+            bufs = [to_device(None, a, nm) for a, nm in ((qg, "qg"), (k, "k"), (v, "v"),
+                                                        (np.array([n - 1], np.int32), "pos"),
+                                                        (np.array([n], np.int32), "lens"))]
+            attn(bufs[0], bufs[1], bufs[2], qn, kn, bufs[3], bufs[4], tab, kv, scratch, out, batch=1,
+                 table_width=2, splits=2, eps=cfg.rms_eps, rope_theta=cfg.rope_theta)
+            outs.append(from_device(out, bfloat16, (hq * d,)).astype(np.float32))
+            inputs.append((qg, k, v))
+            for buf in bufs:
+                buf.free()
+        got_pool = from_device(kv, bfloat16, pool.shape)
+    finally:
+        for buf in (kv, tab, qn, kn, scratch, out):
+            buf.free()
+    keys, values = lay.gather(got_pool, pages[0], 65)
+    for step, n in enumerate((64, 65)):
+        qg, k, v = inputs[step]
+        cos, sin = rope_tables(cfg, np.array([n - 1]))
+        qh = qg.astype(np.float32).reshape(1, hq, 2 * d)[..., :d]
+        q = apply_rope(rms_norm(qh, q_norm.astype(np.float32), cfg.rms_eps), cos, sin)
+        o = causal_attention(q, keys[:n], values[:n], d ** -0.5).reshape(hq * d)
+        want = o * sigmoid(qg.astype(np.float32).reshape(hq, 2 * d)[:, d:].reshape(hq * d))
+        err = rel_error(outs[step], want)
+        print(f"step {step} len {n}: out rel {err:.2e}")
+        assert err <= OUT_TOL
+    assert np.array_equal(values[63:65], np.concatenate([inputs[0][2], inputs[1][2]]).reshape(2, hkv, d)
+                          .astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def copy_gbps(device):
+    """Device-to-device copy bandwidth of this run (read + write bytes per second, GB/s)."""
+    from inferno.cuda.copy import d2d
+    from inferno.cuda.stream import Event, Stream
+
+    n = 512 << 20
+    src, dst = device_alloc(n, "copy src"), device_alloc(n, "copy dst")
+    stream = Stream.create()
+    try:
+        d2d(dst, src, stream=stream)
+        start, end = Event.create(), Event.create()
+        start.record(stream)
+        for _ in range(10):
+            d2d(dst, src, stream=stream)
+        end.record(stream)
+        end.synchronize()
+        return 2 * n * 10 / (Event.elapsed_ms(start, end) * 1e6)
+    finally:
+        stream.synchronize()
+        stream.close()
+        src.free()
+        dst.free()
+
+
+@pytest.mark.parametrize("alt", [False, True], ids=["default", "alt"])
+@pytest.mark.parametrize("model,batch,length", [("27b", 1, 8192), ("27b", 8, 8192), ("27b", 1, 32768),
+                                                ("27b", 1, 1000), ("35b", 1, 8192), ("35b", 8, 8192)])
+def test_decode_bandwidth_report(attention, configs, device, copy_gbps, model, batch, length, alt):
+    """Prints the decode + combine time and the KV bytes per second (a report; nothing timed is asserted).
+
+    The cache and q are zeros, so every score is 0 and the output must be exactly 0."""
+    from inferno.cuda.stream import Event
+
+    cfg = configs[model]
+    attn = attention(model, ALT[model] if alt else None)
+    hq, hkv = cfg.n_heads, cfg.n_kv_heads
+    lay = KVLayout(hkv)
+    per_seq = lay.pages_for(length)
+    pool = device_alloc(batch * per_seq * lay.page_bytes, "kv")
+    memset_d8(pool, 0)
+    table = to_device(None, np.arange(batch * per_seq, dtype=np.int32).reshape(batch, per_seq), "pt")
+    lens = to_device(None, np.full(batch, length, np.int32), "lens")
+    splits = av.default_splits(length, batch, hkv, device.sm_count)
+    po_b, pl_b = av.partial_bytes(batch, hq, splits)
+    q, po, pl = (device_alloc(n, nm) for n, nm in ((batch * hq * 1024, "q"), (po_b, "po"), (pl_b, "pl")))
+    qg, out = device_alloc(batch * hq * 1024, "qg"), device_alloc(batch * hq * 512, "out")
+    for buf in (q, qg):
+        memset_d8(buf, 0)
+    try:
+        def run():
+            attn.decode(q, lens, table, pool, po, pl, batch=batch, n_heads=hq, n_kv_heads=hkv,
+                        table_width=per_seq, splits=splits)
+            attn.combine(po, pl, lens, qg, out, batch=batch, n_heads=hq, splits=splits)
+
+        for _ in range(3):
+            run()
+        start, end = Event.create(), Event.create()
+        iters = 50
+        start.record()
+        for _ in range(iters):
+            run()
+        end.record()
+        end.synchronize()
+        us = Event.elapsed_ms(start, end) * 1e3 / iters
+        kv_bytes = batch * length * lay.token_bytes
+        print(f"\n{attn.decode.name} {model} batch {batch} len {length} splits {splits}: {us:.1f} us per layer, "
+              f"{kv_bytes / us / 1e3:.0f} GB/s of KV ({kv_bytes / 2**20:.1f} MiB), "
+              f"{kv_bytes / us / 1e3 / copy_gbps:.0%} of this run's d2d copy {copy_gbps:.0f} GB/s")
+        assert not np.any(from_device(out, bfloat16, (batch * hq * 256,)).astype(np.float32))
+    finally:
+        for buf in (pool, table, lens, q, po, pl, qg, out):
+            buf.free()

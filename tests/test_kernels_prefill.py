@@ -1,0 +1,339 @@
+"""CPU: the prefill kernels (dequant, attn_prefill) build for sm_90a and sm_120a; manifests, launcher
+packing and argument checks; a numpy model of the attention kernel's tiling (page blocks, key-block
+order, diagonal mask, -inf rows) against the reference attention."""
+
+import hashlib
+import struct
+
+import numpy as np
+import pytest
+
+from inferno.artifact.formats import groupwise as gw
+from inferno.artifact.formats import nvfp4 as nv
+from inferno.cuda.errors import LaunchError
+from inferno.cuda.memory import DeviceBuffer
+from inferno.cuda.params import ParamLayout, ParamSpec
+from inferno.kernels import prefill_variants as pv
+from inferno.kernels.kv_layout import KVLayout, page_table
+from inferno.kernels.manifest import Manifest, grid_symbols, source_hash
+from inferno.kernels.registry import ARCHS, Tensor
+from inferno.model.reference.attention import causal_attention
+
+SMEM_LIMIT = {"sm_90a": 232448, "sm_120a": 101376}
+BY_NAME = {v.name: v for v in pv.PREFILL_VARIANTS}
+PAIRS = [(v.name, a) for v in pv.PREFILL_VARIANTS for a in v.archs]
+
+
+# --- numpy model of cute_kernels/attn_prefill.py's tiling -------------------------------------------
+
+
+def flash_model(q, pool, pages, prefix, group, scale, bm=64, bn=64):
+    """What the kernel computes, tile by tile, in fp32 (no bf16 rounding of P): q [T, Hq, d]; K/V
+    read from the pool as 64-row page blocks (page * 2 + kv) * Hkv + g; key blocks from the last
+    down to 0; the mask only on tiles that cross the diagonal; rows of all -inf keep max -inf."""
+    t, hq, d = q.shape
+    hkv = hq // group
+    rows = pool.reshape(-1, d).astype(np.float32)
+    s_len = prefix + t
+    out = np.zeros((t, hq, d), np.float32)
+    for h in range(hq):
+        g = h // group
+        for mb in range(-(-t // bm)):
+            qt = np.zeros((bm, d), np.float32)
+            qt[: min(bm, t - mb * bm)] = q[mb * bm:(mb + 1) * bm, h]
+            n_blocks = -(-(prefix + min((mb + 1) * bm, t)) // bn)
+            mx = np.full(bm, -np.inf, np.float32)
+            sm = np.zeros(bm, np.float32)
+            acc = np.zeros((bm, d), np.float32)
+            for n in range(n_blocks - 1, -1, -1):
+                def tile(kv):
+                    blk = (int(pages[n]) * 2 + kv) * hkv + g
+                    x = rows[blk * bn:(blk + 1) * bn].copy()
+                    x[max(0, s_len - n * bn):] = 0  # rows past S: zero-filled
+                    return x
+                kt, vt = tile(0), tile(1)
+                s = qt @ kt.T
+                if (n + 1) * bn - 1 > prefix + mb * bm:
+                    limit = np.minimum(prefix + mb * bm + np.arange(bm), s_len - 1) - n * bn
+                    s[np.arange(bn)[None, :] > limit[:, None]] = -np.inf
+                cur = np.maximum(mx, s.max(axis=1))
+                base = np.where(cur == -np.inf, 0, cur)
+                p = np.exp2((s - base[:, None]) * scale * np.log2(np.e))
+                corr = np.exp2((mx - base) * scale * np.log2(np.e))
+                sm = sm * corr + p.sum(axis=1)
+                acc = acc * corr[:, None] + p @ vt
+                mx = cur
+            o = acc / np.where(sm > 0, sm, 1)[:, None]
+            out[mb * bm:(mb + 1) * bm, h] = o[: min(bm, t - mb * bm)]
+    return out
+
+
+@pytest.mark.parametrize("t,prefix,group", [(1, 0, 6), (17, 64, 8), (130, 1000, 6), (70, 5, 2)])
+def test_tiling_model_matches_reference(t, prefix, group):
+    rng = np.random.default_rng(t + prefix)
+    hkv, d = 2, 32
+    hq = hkv * group
+    lay = KVLayout(hkv, d)
+    s = prefix + t
+    n_pages = lay.pages_for(s) + 3
+    pages = rng.permutation(n_pages)[: lay.pages_for(s)]
+    pool = lay.empty_pool(n_pages)  # NaN everywhere the sequence does not write
+    k, v = rng.standard_normal((2, s, hkv, d), np.float32)
+    lay.write(pool, pages, 0, k, v)
+    q = rng.standard_normal((t, hq, d), np.float32)
+    kf, vf = lay.gather(pool, pages, s)
+    want = causal_attention(q, kf, vf, d**-0.5)
+    got = flash_model(q, np.asarray(pool, np.float32), page_table([list(pages)])[0], prefix, group, d**-0.5)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_page_block_is_kv_layout_row():
+    lay = KVLayout(4)
+    for page, kv, g in [(0, 0, 0), (7, 1, 3), (3, 0, 2)]:
+        assert ((page * 2 + kv) * 4 + g) * pv.PAGE_TOKENS == lay.row(page, kv, g, 0)
+    assert lay.page_tokens == pv.PAGE_TOKENS and lay.head_dim == pv.HEAD_DIM
+
+
+# --- numpy model of cute_kernels/dequant.py's NVFP4 word arithmetic ---------------------------------
+
+
+def nvfp4_kernel_model(payload: np.ndarray, n: int, k: int) -> np.ndarray:
+    """W float32 [n, k] decoded the kernel's way: code words n * K/8 + 4c.., scale word of groups
+    (2c, 2c + 1) at scale_word0 + ((n//128) * K/64 + g//4) * 128 + (n%32) * 4 + (n%128)//32,
+    E2M1 / E4M3 built from their bits, then (code * scale) / d_w."""
+    w = payload.view(np.uint32)
+    scale_word0 = -(-(n * k // 8) // 64) * 64
+    d_w = w[scale_word0 + n * k // 64].view(np.float32)
+    rows = np.arange(n)[:, None]
+    q = np.arange(k)[None, :]
+    word = w[rows * (k // 8) + q // 8]
+    c = ((word >> (4 * (q % 8))) & 0xF).astype(np.uint32)
+    m = c & 7
+    normal = (((m >> 1) + 126) << 23) | ((m & 1) << 22)
+    code = (((c & 8) << 28) | np.where(m >= 2, normal, (m & 1) * 0x3F000000)).astype(np.uint32).view(np.float32)
+    g = q // 16
+    sw = w[scale_word0 + ((rows // 128) * (k // 64) + g // 4) * 128 + (rows % 32) * 4 + (rows % 128) // 32]
+    s = (sw >> (8 * (g % 4))) & 0xFF
+    e = s >> 3
+    normal_s = (((e + 120) << 23) | ((s & 7) << 20)).astype(np.uint32).view(np.float32)
+    scale = np.where(e == 0, (s & 7).astype(np.float32) * np.float32(2.0**-9), normal_s)
+    return (code * scale) / d_w
+
+
+def test_nvfp4_kernel_model_matches_decoder():
+    rng = np.random.default_rng(7)
+    n, k = 256, 192
+    codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales = rng.integers(0, 0x7F, (n, k // 16), dtype=np.uint8)  # every finite non-negative word
+    scales[0, :8] = np.arange(8)  # subnormal scales and +0
+    pay = nv.pack(codes, scales, np.float32(3.7))
+    got = nvfp4_kernel_model(pay, n, k)
+    want = nv.decode(pay, (n, k))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+# --- variants, builds, manifests -----------------------------------------------------------------
+
+
+def test_variants_are_distinct():
+    from inferno.kernels.attn_variants import ATTN_VARIANTS
+    from inferno.kernels.gdn_variants import GDN_VARIANTS
+    from inferno.kernels.gemv_variants import GEMV_VARIANTS
+    from inferno.kernels.registry import VARIANTS
+
+    assert len(BY_NAME) == len(pv.PREFILL_VARIANTS)
+    others = {v.name for v in (*VARIANTS, *GEMV_VARIANTS, *GDN_VARIANTS, *ATTN_VARIANTS) if v not in pv.PREFILL_VARIANTS}
+    assert not others & set(BY_NAME), "a prefill variant name clashes with another variant"
+    for v in pv.PREFILL_VARIANTS:
+        assert set(v.archs) == set(ARCHS) and v.source_file.is_file()
+    with pytest.raises(LaunchError, match="no prefill kernel variant"):
+        pv.prefill_variant("dequant_q3")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
+    from inferno.kernels import build as kbuild
+
+    root = tmp_path_factory.mktemp("prefill_kernels")
+    kbuild.build_all(list(pv.PREFILL_VARIANTS), list(ARCHS), root, progress=None)
+    return root
+
+
+def _manifest(root, name, arch) -> Manifest:
+    return Manifest.read(root / arch / f"{name}.json")
+
+
+@pytest.mark.parametrize("name,arch", PAIRS)
+def test_manifest_complete_and_consistent(built, name, arch):
+    from inferno.cuda.image import cubin_entries, inspect_image
+    from inferno.kernels import cache
+
+    v = BY_NAME[name]
+    m = _manifest(built, name, arch)
+    cubin = (built / arch / f"{name}.cubin").read_bytes()
+    info = inspect_image(cubin)
+    assert info.kind == "cubin" and info.arch == arch
+    assert m.entry in cubin_entries(cubin)
+    assert (m.variant, m.op, m.arch, m.source) == (v.name, v.op, arch, v.source)
+    assert m.source_hash == source_hash(v.source_file, v.config)
+    assert m.cubin_sha256 == hashlib.sha256(cubin).hexdigest()
+    assert m.config == v.config and m.cluster == [1, 1, 1]
+    assert m.block == [v.config["threads"], 1, 1]
+    assert 0 <= m.smem <= SMEM_LIMIT[arch]
+    args = [a for a in v.args if a is not None]
+    assert [p.name for p in m.params] == [a.name for a in args]
+    for p, a in zip(m.params, args):
+        if isinstance(a, Tensor):
+            assert (p.kind, p.dtype, p.dyn_shape, p.dyn_stride) == ("tensor", a.dtype, list(a.dyn_shape),
+                                                                     list(a.dyn_stride))
+        else:
+            assert (p.kind, p.size) == (a.dtype, 4)
+    assert grid_symbols(m.grid) <= {s for p in m.params for s in p.dyn_shape}
+    assert cache.stale_reason(v, arch, built) is None
+
+
+def test_attention_smem_holds_q_k_v_tiles(built):
+    for arch in ARCHS:
+        for g in pv.GQA_GROUPS:
+            m = _manifest(built, f"attn_prefill_g{g}", arch)
+            assert m.smem >= 3 * 64 * pv.HEAD_DIM * 2
+
+
+# --- launchers: packing, grids, argument checks (no GPU: launch is recorded) -----------------------
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, kernel, grid, block, params, smem, stream):
+        self.calls.append((grid, tuple(block), params, smem))
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    r = _Recorder()
+    monkeypatch.setattr(pv, "launch", r)
+    return r
+
+
+def _fake_loaded(built, name, arch="sm_90a"):
+    from inferno.kernels.cache import LoadedKernel
+
+    m = _manifest(built, name, arch)
+    specs = [ParamSpec(p.name, p.kind, p.size, p.align, len(p.dyn_shape) if p.kind == "tensor" else 0,
+                       len(p.dyn_stride)) for p in m.params]
+    return LoadedKernel(BY_NAME[name], m, None, ParamLayout(specs, name))
+
+
+def _dev(nbytes, ptr):
+    return DeviceBuffer(ptr, nbytes, "buf")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("fmt", list(pv.DEQUANT_FORMATS))
+def test_dequant_launcher_packs_and_grids(built, rec, arch, fmt):
+    k = pv.Dequant(_fake_loaded(built, pv.DEQUANT_FORMATS[fmt], arch))
+    assert k.fmt == fmt
+    if fmt == "NVFP4":
+        n, kk, n0, rows, stride = 1024, 192, 256, 500, 200
+        nbytes, chunks = nv.geometry((n, kk)).nbytes, kk // 32
+    else:
+        n, kk, n0, rows, stride = 1000, 200, 300, 500, 264
+        nbytes, chunks = gw.geometry(fmt, (n, kk)).nbytes, 8
+    w, out = _dev(nbytes, 1 << 20), _dev(rows * stride * 2, 1 << 28)
+    k(w, out, n, kk, n0=n0, rows=rows, out_stride=stride)
+    grid, block, params, smem = rec.calls[-1]
+    assert grid == (-(-rows * chunks // 256), 1, 1) and block == (256, 1, 1) and smem == 0
+    assert params.raw("w") == struct.pack("<Qii", w.ptr, nbytes // 4, 0)
+    assert params.raw("out") == struct.pack("<Qiiq", out.ptr, rows, kk, stride)
+    assert params.raw("n_total") == struct.pack("<i", n) and params.raw("n0") == struct.pack("<i", n0)
+    k(w, _dev(n * kk * 2, 1 << 28), n, kk)  # defaults: every row, contiguous
+    assert rec.calls[-1][2].raw("out") == struct.pack("<Qiiq", 1 << 28, n, kk, kk)
+
+
+def test_dequant_launcher_refuses_bad_arguments(built, rec):
+    k = pv.Dequant(_fake_loaded(built, "dequant_q4"))
+    n, kk = 64, 256
+    w, out = _dev(gw.geometry("Q4G64_F16S", (n, kk)).nbytes, 1 << 20), _dev(n * kk * 2, 1 << 28)
+    with pytest.raises(LaunchError, match="multiple of 8"):
+        k(w, out, n, 260)
+    with pytest.raises(LaunchError, match="run past"):
+        k(w, out, n, kk, n0=60, rows=8)
+    with pytest.raises(LaunchError, match="bytes, the call needs"):
+        k(w, out, 2 * n, kk)
+    with pytest.raises(LaunchError, match="less than k"):
+        k(w, out, n, kk, out_stride=128)
+    with pytest.raises(LaunchError, match="not 16-byte aligned"):
+        k(w, _dev(n * kk * 2, (1 << 28) + 8), n, kk)
+    nvk = pv.Dequant(_fake_loaded(built, "dequant_nvfp4"))
+    with pytest.raises(LaunchError, match="NVFP4 needs"):
+        nvk(w, out, 100, 256)
+    with pytest.raises(LaunchError, match="multiple of 64"):
+        nvk(w, out, 128, 96)
+    assert not rec.calls
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("q_f32", [False, True])
+@pytest.mark.parametrize("group,hq", [(6, 24), (8, 16)])
+def test_attention_launcher_packs_and_grids(built, rec, arch, group, hq, q_f32):
+    k = pv.AttnPrefill(_fake_loaded(built, f"attn_prefill_g{group}" + ("_qf32" if q_f32 else ""), arch))
+    t, prefix, pool_pages, d = 100, 1000, 40, pv.HEAD_DIM
+    width = hq * d
+    qg = _dev(t * 2 * width * 2, 1 << 20)  # interleaved q|gate projection, gate read in place
+    q = _dev(t * width * (4 if q_f32 else 2), 1 << 24)
+    kv = _dev(pool_pages * 2 * (hq // group) * 64 * d * 2, 1 << 30)
+    pages = _dev(18 * 4, 1 << 27)
+    out = _dev(t * width * 2, 1 << 28)
+    gate = qg.view(d * 2, qg.nbytes - d * 2)
+    k(q, gate, kv, pages, out, t, hq, prefix, pool_pages, gate_stride=2 * width, gate_hstride=2 * d)
+    grid, block, params, smem = rec.calls[-1]
+    assert grid == (hq, 2, 1) and block == (128, 1, 1) and smem == _manifest(built, k.name, arch).smem
+    assert params.raw("q") == struct.pack("<Qiiqq", q.ptr, t, hq, width, d)
+    assert params.raw("gate") == struct.pack("<Qiiqq", gate.ptr, t, hq, 2 * width, 2 * d)
+    assert params.raw("kv") == struct.pack("<Qii", kv.ptr, pool_pages * 2 * (hq // group) * 64, 0)
+    assert params.raw("pages") == struct.pack("<Qii", pages.ptr, 18, 0)
+    assert params.raw("out") == struct.pack("<Qiiq", out.ptr, t, hq, width)
+    assert params.raw("prefix") == struct.pack("<i", prefix)
+    assert params.raw("scale") == struct.pack("<f", d**-0.5)
+
+
+def test_attention_launcher_refuses_bad_arguments(built, rec):
+    k = pv.AttnPrefill(_fake_loaded(built, "attn_prefill_g6"))
+    t, hq, d = 10, 24, pv.HEAD_DIM
+    q, out = _dev(t * hq * d * 2, 1 << 20), _dev(t * hq * d * 2, 1 << 24)
+    kv, pages = _dev(4 * 2 * 4 * 64 * d * 2, 1 << 30), _dev(64, 1 << 27)
+    with pytest.raises(LaunchError, match="not a multiple of its GQA group"):
+        k(q, q, kv, pages, out, t, 20, 0, 4)
+    with pytest.raises(LaunchError, match="pages .* bytes, the call needs"):
+        k(q, q, kv, pages, out, t, hq, 64 * 16, 4)  # 17 pages of ids needed, 16 given
+    with pytest.raises(LaunchError, match="kv_pool .* bytes"):
+        k(q, q, kv, pages, out, t, hq, 0, 5)
+    with pytest.raises(LaunchError, match="multiple of 8"):
+        k(q, q, kv, pages, out, t, hq, 0, 4, q_hstride=260)
+    with pytest.raises(LaunchError, match="less than the row width"):
+        k(q, q, kv, pages, out, t, hq, 0, 4, out_stride=256)
+    with pytest.raises(LaunchError, match="must be >= 0"):
+        k(q, q, kv, pages, out, t, hq, -1, 4)
+    assert not rec.calls
+    k32 = pv.AttnPrefill(_fake_loaded(built, "attn_prefill_g6_qf32"))
+    with pytest.raises(LaunchError, match="q .* bytes, the call needs"):  # fp32 q: twice the bytes
+        k32(q, q, kv, pages, out, t, hq, 0, 4)
+    assert not rec.calls
+    with pytest.raises(LaunchError, match="no prefill attention kernel"):
+        pv.AttnPrefill.for_group(4)
+    with pytest.raises(LaunchError, match="no dequant kernel"):
+        pv.Dequant.for_format("Q3G64_F16S")
+
+
+def test_flops_in_docs_match_model():
+    """docs/kernels-prefill.md quotes causal FLOPs for 27B at T = P = 4096; keep it in sync."""
+    from pathlib import Path
+
+    doc = (Path(pv.__file__).resolve().parents[2] / "docs" / "kernels-prefill.md").read_text()
+    t, p, hq, d = 4096, 4096, 24, 256
+    keys = sum(p + i + 1 for i in range(t))
+    flops = 4 * hq * d * keys
+    assert f"{flops / 1e12:.2f} TFLOP" in doc
