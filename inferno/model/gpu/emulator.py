@@ -1,0 +1,232 @@
+"""`EmulatedOps`: the GPU executor's device operations modelled in numpy over an emulated memory.
+
+Device buffers are ranges of one host byte array at fake addresses, and each operation does
+what its kernel's docstring says, with the kernel's storage dtypes (bf16 activations, bf16 conv
+state and KV cache, fp32 recurrent state) and fp32 math. Running the executor's real launch
+sequence on it checks the wiring (buffer offsets, fused row orders, page tables, state slots)
+against the reference executor without a GPU; kernel numerics are the kernels' own tests' job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from ml_dtypes import bfloat16
+
+from inferno.cuda.errors import OutOfMemoryError
+from inferno.cuda.memory import DeviceBuffer
+from inferno.kernels.qlayout import dequant_rows
+from inferno.model.gpu.ops import AttnGeometry
+from inferno.model.gpu.residency import ALIGN, align_up
+from inferno.model.reference.norms import rms_norm, sigmoid, silu, softplus
+from inferno.model.reference.rope import apply_rope
+
+BASE = 1 << 32  # emulated address of byte 0
+PAGE = 64
+
+
+class EmulatedOps:
+    """`Ops` over `capacity` bytes of host memory; work runs immediately (one in-order 'stream')."""
+
+    def __init__(self, capacity: int):
+        self.mem = np.zeros(capacity + ALIGN, np.uint8)
+        self.capacity = capacity
+        self.top = 0
+        self._dequant: dict[tuple[int, int, int, str], np.ndarray] = {}
+        self.launches = 0
+
+    # ---- memory ----------------------------------------------------------------------------------
+    def alloc(self, name: str, nbytes: int) -> DeviceBuffer:
+        start = align_up(self.top)
+        if start + nbytes > self.capacity:
+            raise OutOfMemoryError(f"emulated arena full: {name!r} needs {nbytes} bytes", name=name,
+                                   requested=nbytes, used=self.top, capacity=self.capacity, free=None)
+        self.top = start + nbytes
+        return DeviceBuffer(BASE + start, nbytes, name)
+
+    def _bytes(self, buf: DeviceBuffer | int, nbytes: int | None = None) -> np.ndarray:
+        ptr = buf.ptr if isinstance(buf, DeviceBuffer) else buf
+        n = buf.nbytes if nbytes is None else nbytes
+        off = ptr - BASE
+        if off < 0 or off + n > self.mem.size:
+            raise AssertionError(f"emulated access [{ptr:#x}, +{n}) is outside the arena")
+        return self.mem[off:off + n]
+
+    def _get(self, buf: DeviceBuffer, dtype: Any, count: int, offset: int = 0) -> np.ndarray:
+        """`count` elements of `dtype` at `buf` + `offset` elements, as fp32 (a copy)."""
+        dt = np.dtype(dtype)
+        if (offset + count) * dt.itemsize > buf.nbytes:
+            raise AssertionError(f"read of {count} {dt} past the end of {buf.name!r}")
+        raw = self._bytes(buf.ptr + offset * dt.itemsize, count * dt.itemsize)
+        return raw.view(dt).astype(np.float32) if dt != np.int32 else raw.view(dt).copy()
+
+    def _put(self, buf: DeviceBuffer, values: np.ndarray, dtype: Any = bfloat16, offset: int = 0) -> None:
+        dt = np.dtype(dtype)
+        data = np.ascontiguousarray(np.asarray(values, np.float32).astype(dt) if dt != np.int32 else values)
+        if (offset * dt.itemsize + data.nbytes) > buf.nbytes:
+            raise AssertionError(f"write of {data.size} {dt} past the end of {buf.name!r}")
+        self._bytes(buf.ptr + offset * dt.itemsize, data.nbytes)[:] = data.reshape(-1).view(np.uint8)
+
+    def upload(self, buf: DeviceBuffer, array: np.ndarray) -> None:
+        raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        self._bytes(buf, raw.size)[:] = raw
+
+    def download(self, buf: DeviceBuffer, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape)) * dt.itemsize
+        return self._bytes(buf, n).view(dt).reshape(shape).copy()
+
+    def zero(self, buf: DeviceBuffer) -> None:
+        self._bytes(buf)[:] = 0
+
+    def write(self, buf: DeviceBuffer, array: np.ndarray) -> None:
+        self.upload(buf, array)
+
+    def read(self, out: np.ndarray, buf: DeviceBuffer) -> None:
+        out.reshape(-1).view(np.uint8)[:] = self._bytes(buf, out.nbytes)
+
+    def synchronize(self) -> None:
+        pass
+
+    def copy2d(self, dst, dst_pitch, src, src_pitch, width, height) -> None:
+        for r in range(height):
+            self._bytes(dst.ptr + r * dst_pitch, width)[:] = self._bytes(src.ptr + r * src_pitch, width)
+
+    # ---- kernels -----------------------------------------------------------------------------------
+    def embedding(self, ids, table, out, vocab, hidden) -> None:
+        self.launches += 1
+        token = int(self._get(ids, np.int32, 1)[0])
+        assert 0 <= token < vocab, f"token {token} outside the table"
+        self._put(out, self._get(table, bfloat16, hidden, token * hidden))
+
+    def rmsnorm(self, x, w, y, n, eps) -> None:
+        self.launches += 1
+        self._put(y, rms_norm(self._get(x, bfloat16, n), self._get(w, bfloat16, n), eps))
+
+    def _weights(self, fmt: str, w: DeviceBuffer, n: int, k: int) -> np.ndarray:
+        key = (w.ptr, n, k, fmt)
+        m = self._dequant.get(key)
+        if m is None:
+            from inferno.artifact.formats.groupwise import geometry
+
+            payload = self._bytes(w, geometry(fmt, (n, k)).nbytes).tobytes()
+            m = self._dequant[key] = dequant_rows(fmt, payload, n, k).astype(np.float32)
+        return m
+
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None) -> None:
+        self.launches += 1
+        wm = self._weights(fmt, w, n, k)
+        xv = self._get(x, bfloat16, k)
+        if epilogue == "swiglu":
+            m = n // 2
+            out = silu(wm[:m] @ xv) * (wm[m:] @ xv)
+        else:
+            out = wm @ xv
+            if epilogue == "residual":
+                out = out + self._get(r, bfloat16, n)
+        self._put(y, out)
+
+    def linear_bf16(self, x, w, y, n, k) -> None:
+        self.launches += 1
+        self._put(y, self._get(w, bfloat16, n * k).reshape(n, k) @ self._get(x, bfloat16, k))
+
+    def gdn_conv(self, x, conv_state, conv_w, slots, out, channels, n_slots) -> None:
+        self.launches += 1
+        slot = int(self._get(slots, np.int32, 1)[0])
+        assert 0 <= slot < n_slots
+        taps = conv_state.nbytes // (n_slots * channels * 2)
+        xv = self._get(x, bfloat16, channels)
+        st = self._get(conv_state, bfloat16, taps * channels, slot * taps * channels).reshape(taps, channels)
+        w = self._get(conv_w, bfloat16, (taps + 1) * channels).reshape(taps + 1, channels)
+        self._put(out, silu((w[:taps] * st).sum(axis=0) + w[taps] * xv))
+        self._put(conv_state, np.concatenate([st[1:], xv[None]]), offset=slot * taps * channels)
+
+    def gdn_step(self, qkv, z, a, b, a_log, dt_bias, norm_w, state, slots, out, k_heads, v_heads, n_slots,
+                 eps) -> None:
+        self.launches += 1
+        slot = int(self._get(slots, np.int32, 1)[0])
+        assert 0 <= slot < n_slots
+        dk = dv = 128
+        kw = k_heads * dk
+        mixed = self._get(qkv, bfloat16, 2 * kw + v_heads * dv)
+        q = mixed[:kw].reshape(k_heads, dk)
+        k = mixed[kw:2 * kw].reshape(k_heads, dk)
+        v = mixed[2 * kw:].reshape(v_heads, dv)
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + np.float32(1e-6)) * np.float32(dk ** -0.5)
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + np.float32(1e-6))
+        group = v_heads // k_heads
+        g = -np.exp(self._get(a_log, np.float32, v_heads)) * softplus(
+            self._get(a, bfloat16, v_heads) + self._get(dt_bias, np.float32, v_heads))
+        beta = sigmoid(self._get(b, bfloat16, v_heads))
+        size = v_heads * dk * dv
+        s = self._get(state, np.float32, size, slot * size).reshape(v_heads, dk, dv)
+        o = np.empty((v_heads, dv), np.float32)
+        for j in range(v_heads):
+            qj, kj = q[j // group], k[j // group]
+            sj = s[j] * np.exp(g[j])
+            u = beta[j] * (v[j] - kj @ sj)
+            s[j] = sj + np.outer(kj, u)
+            o[j] = qj @ s[j]
+        self._put(state, s, np.float32, slot * size)
+        zv = self._get(z, bfloat16, v_heads * dv).reshape(v_heads, dv)
+        w = self._get(norm_w, bfloat16, dv)
+        normed = o / np.sqrt((o * o).mean(-1, keepdims=True) + np.float32(eps)) * w * silu(zv)
+        self._put(out, normed)
+
+    def attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g: AttnGeometry) -> None:
+        self.launches += 1
+        d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
+        pos = int(self._get(positions, np.int32, 1)[0])
+        slot = int(self._get(lens, np.int32, 1)[0]) - 1
+        table = self._get(page_table, np.int32, g.pages_per_seq)
+        qh = self._get(qg, bfloat16, 2 * hq * d).reshape(hq, 2 * d)[:, :d]
+        kh = self._get(k, bfloat16, hkv * d).reshape(hkv, d)
+        vh = self._get(v, bfloat16, hkv * d).reshape(hkv, d)
+        cos, sin = _rope(g, pos)
+        qh = apply_rope(rms_norm(qh, self._get(q_norm, bfloat16, d), g.eps)[None], cos, sin)[0]
+        kh = apply_rope(rms_norm(kh, self._get(k_norm, bfloat16, d), g.eps)[None], cos, sin)[0]
+        self._put(q, qh, np.float32)
+        page = int(table[slot // PAGE])
+        assert 0 <= page < g.n_pages, f"page table entry {page} for token {slot} is outside the pool"
+        for kvi, data in ((0, kh), (1, vh)):
+            for head in range(hkv):
+                row = ((page * 2 + kvi) * hkv + head) * PAGE + slot % PAGE
+                self._put(kv, data[head], offset=row * d)
+
+    def attn_decode(self, q, lens, page_table, kv, part_o, part_lse, qg, out, g: AttnGeometry) -> None:
+        self.launches += 2
+        d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
+        length = int(self._get(lens, np.int32, 1)[0])
+        table = self._get(page_table, np.int32, g.pages_per_seq)
+        keys = np.empty((length, hkv, d), np.float32)
+        values = np.empty_like(keys)
+        for t in range(length):
+            page = int(table[t // PAGE])
+            for head in range(hkv):
+                keys[t, head] = self._get(kv, bfloat16, d, (((page * 2) * hkv + head) * PAGE + t % PAGE) * d)
+                values[t, head] = self._get(kv, bfloat16, d, (((page * 2 + 1) * hkv + head) * PAGE + t % PAGE) * d)
+        qh = self._get(q, np.float32, hq * d).reshape(hq, d)
+        group = hq // hkv
+        o = np.empty((hq, d), np.float32)
+        for h in range(hq):
+            scores = keys[:, h // group] @ qh[h] * np.float32(d ** -0.5)
+            p = np.exp(scores - scores.max())
+            o[h] = (p / p.sum()) @ values[:, h // group]
+        gate = self._get(qg, bfloat16, 2 * hq * d).reshape(hq, 2 * d)[:, d:]
+        self._put(out, o * sigmoid(gate))
+
+    def argmax(self, x, out, n) -> None:
+        self.launches += 1
+        self._put(out, np.array([np.argmax(self._get(x, bfloat16, n))], np.int32), np.int32)
+
+    def close(self) -> None:
+        self._dequant.clear()
+
+
+def _rope(g: AttnGeometry, position: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin `[1, rotary_dim]` of text RoPE (t = h = w) at `position`, NeoX half-split."""
+    half = g.rotary_dim // 2
+    inv = 1.0 / g.rope_theta ** (np.arange(half, dtype=np.float64) * 2.0 / g.rotary_dim)
+    ang = np.concatenate([position * inv, position * inv])[None]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)

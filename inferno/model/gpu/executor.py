@@ -1,0 +1,319 @@
+"""`GpuExecutor`: the Executor protocol for dense Qwen3.5 `.ninfer` artifacts, on our kernels.
+
+First version: batch-1 decode. `step` runs one token through the decode launch sequence
+(layers.py), replayed from a CUDA graph captured at start-up (`cuda_graph=False`: launched
+eagerly). `prefill` feeds the prompt token by token through the same decode path — correct but
+slow (one graph replay per prompt token); chunked prefill kernels (GEMM, chunked GDN, flash
+attention) come later. Logits come back as bf16 from the head GEMV and are returned as fp32
+`[vocab]`. All device memory (weights, KV pages, GDN state slots, workspace) is reserved once
+when the executor is made, so generating never allocates; `close()` frees it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from ml_dtypes import bfloat16
+
+from inferno.cuda.errors import OutOfMemoryError
+from inferno.errors import UsageError
+from inferno.model.config import ModelConfig
+from inferno.model.executor import State
+from inferno.model.gpu.layers import DecodeProgram
+from inferno.model.gpu.residency import STEP_HEADER, ResidencyPlan, gemv_kinds, plan_residency
+from inferno.model.gpu.state import DeviceStates, GpuState
+from inferno.model.gpu.weights import upload_weights
+
+RING = 64  # step-input records in flight before the host waits (prefill queues tokens without waiting)
+
+
+@dataclass
+class StepTrace:
+    """One traced token: per layer the mixer output before its output projection (GDN gated-normed
+    output [Hv * dv], attention gated output [Hq * head_dim]) and the residual stream after the
+    layer [hidden]; then the logits [vocab]. fp32 copies of the bf16 device values."""
+
+    mixer: list[np.ndarray]
+    residual: list[np.ndarray]
+    logits: np.ndarray
+
+
+class GpuExecutor:
+    """Runs a dense Qwen3.5 artifact on the GPU over `GpuState`s (see the module docstring).
+
+    `max_seqs` sequences of up to `max_context` tokens can live at once. `emulate=True` runs the
+    same launch sequence on `EmulatedOps` (numpy, no GPU, no graphs) for tests.
+    """
+
+    def __init__(self, path: str | Path, *, max_seqs: int = 4, max_context: int = 4096, cuda_graph: bool = True,
+                 device: int = 0, emulate: bool = False, progress: bool = True):
+        from inferno.artifact import open_checked
+
+        artifact, spec, config, expected = open_checked(path)
+        self.config: ModelConfig = config
+        self._lock = threading.RLock()
+        self._closed = False
+        self._device = None
+        self.ops = None
+        self.graphs: dict[str, tuple] = {}
+        self._pinned: tuple = ()
+        inventory = {e.name: e for e in expected}
+        try:
+            self.plan: ResidencyPlan = plan_residency(config, inventory, max_seqs, max_context, spec.plan)
+            self.ops = self._make_ops(config, device, emulate)
+            self.weights = upload_weights(self.ops, artifact, inventory, self.plan, progress)
+            artifact.close()
+            self.states = DeviceStates(self.ops, config, self.plan)
+            self.program = DecodeProgram(self.ops, config, self.weights, self.states, self.plan)
+            self._ring, self._logits = self._host_buffers(emulate)
+            self._pending = 0
+            self.cuda_graph = cuda_graph and not emulate
+            if self.cuda_graph:
+                self._capture()
+        except OutOfMemoryError as e:  # the device had less room than it reported: name the plan and flags
+            artifact.close()
+            free = self._device.free_mem() if self._device is not None else 0
+            self.close()
+            raise self.plan.oom_error(free) from e
+        except BaseException:
+            artifact.close()
+            self.close()
+            raise
+        if progress:
+            print(f"GPU executor ready: {self.plan.summary()}; decode "
+                  f"{'CUDA graph' if self.cuda_graph else 'eager'}", file=sys.stderr)
+
+    # ---- set-up ------------------------------------------------------------------------------------
+    def _make_ops(self, config: ModelConfig, device: int, emulate: bool):
+        if emulate:
+            from inferno.model.gpu.emulator import EmulatedOps
+
+            return EmulatedOps(self.plan.arena_bytes)
+        from inferno.cuda import Device
+        from inferno.model.gpu.ops import CudaOps
+
+        self._device = Device.open(device)
+        self.plan.require_fits(self._device.free_mem())
+        group = config.n_heads // config.n_kv_heads if config.attention_layers else None
+        ops = CudaOps(self._device, self.plan.arena_bytes, config, group)
+        ops.preload_gemv(gemv_kinds(self.plan.placements))
+        return ops
+
+    def _host_buffers(self, emulate: bool) -> tuple[np.ndarray, np.ndarray]:
+        words, vocab = self.program.step_words, self.config.vocab
+        if emulate:
+            self._token = np.zeros(1, np.int32)
+            return np.zeros((RING, words), np.int32), np.zeros(vocab, np.uint16)
+        from inferno.cuda import PinnedBuffer
+
+        self._pinned = (PinnedBuffer(RING * words * 4, "step inputs"), PinnedBuffer(vocab * 2, "logits"),
+                        PinnedBuffer(4, "greedy token"))
+        self._token = self._pinned[2].array(np.int32, (1,))
+        return self._pinned[0].array(np.int32, (RING, words)), self._pinned[1].array(np.uint16, (vocab,))
+
+    def _capture(self) -> None:
+        """One eager warm-up token on a scratch sequence (every kernel runs once, so launch errors
+        surface plainly), then capture the body and head launch sequences."""
+        scratch = self.states.new()
+        try:
+            self.states.reserve(scratch, 1)
+            self._write_step(0, scratch)
+            self.program.body()
+            self.program.head()
+            self.ops.synchronize()
+            self._pending = 0
+        finally:
+            self.states.release(scratch)
+        for name, fn in (("body", self.program.body), ("head", self.program.head)):
+            self._capture_one(name, fn)
+
+    def _capture_one(self, name: str, launches) -> None:
+        from inferno.cuda import Graph
+
+        with Graph.capture(self.ops.stream) as g:
+            launches()
+        ge = g.instantiate()
+        ge.upload(self.ops.stream)
+        self.graphs[name] = (g, ge)
+
+    # ---- Executor protocol -------------------------------------------------------------------------
+    def new_state(self) -> GpuState:
+        with self._lock:
+            self._enter()
+            return self.states.new()
+
+    def prefill(self, tokens: Sequence[int], state: State) -> np.ndarray:
+        """Append `tokens` (fed one by one through the decode path); logits of the last, fp32 `[vocab]`."""
+        ids = self._token_ids(tokens)
+        with self._lock:
+            self._enter()
+            st = self._check_state(state)
+            self.states.reserve(st, st.position + len(ids))
+            for t in ids:
+                self._run(int(t), st)
+            return self._read_logits()
+
+    def step(self, token: int, state: State) -> np.ndarray:
+        """Append one token; its logits, fp32 `[vocab]`."""
+        return self.prefill([token], state)
+
+    # ---- greedy fast path --------------------------------------------------------------------------
+    def prefill_greedy(self, tokens: Sequence[int], state: State) -> int:
+        """`prefill`, but return only the greedy next token (argmax on the device: 4 bytes come back).
+
+        Ties go to the lowest id, as `np.argmax` does on the logits `prefill` returns."""
+        ids = self._token_ids(tokens)
+        with self._lock:
+            self._enter()
+            st = self._check_state(state)
+            self.states.reserve(st, st.position + len(ids))
+            for t in ids:
+                self._run(int(t), st)
+            return self._read_greedy()
+
+    def step_greedy(self, token: int, state: State) -> int:
+        """`step`, returning the greedy next token instead of the logits."""
+        return self.prefill_greedy([token], state)
+
+    def release(self, state: State) -> None:
+        """Return the state's GDN slot and KV pages; the state cannot be used afterwards (idempotent)."""
+        if state.released:
+            return
+        with self._lock:
+            self._enter()
+            st = self._check_state(state)
+            self.ops.synchronize()  # queued steps of this sequence finish before its slot is reused
+            self.states.release(st)
+            st.released = True
+
+    @property
+    def device(self):
+        """The `inferno.cuda.Device` in use (None when emulated)."""
+        return self._device
+
+    # ---- diagnostics -------------------------------------------------------------------------------
+    def trace_step(self, token: int, state: State) -> StepTrace:
+        """Run one token eagerly, keeping every layer's mixer output and residual stream (fp32)."""
+        ids = self._token_ids([token])
+        out = StepTrace([], [], np.zeros(0, np.float32))
+        ws = self.program.ws
+
+        def grab(i: int) -> None:
+            out.mixer.append(self._download_bf16(ws["mix_out"], self.program.mixer_width(i)))
+            out.residual.append(self._download_bf16(ws["x"], self.config.hidden))
+
+        with self._lock:
+            self._enter()
+            st = self._check_state(state)
+            self.states.reserve(st, st.position + 1)
+            self._write_step(int(ids[0]), st)
+            self.program.body(trace=grab)
+            st.position += 1
+            out.logits = self._read_logits(graph=False)
+            return out
+
+    def _download_bf16(self, buf, n: int) -> np.ndarray:
+        return self.ops.download(buf, np.uint16, (n,)).view(bfloat16).astype(np.float32)
+
+    def device_buffer(self, name: str) -> np.ndarray:
+        """A workspace buffer's bytes (e.g. 'normed', 'logits', 'mix_out') after the last step, for debugging."""
+        buf = self.program.ws[name]
+        return self.ops.download(buf, np.uint8, (buf.nbytes,))
+
+    # ---- internals ---------------------------------------------------------------------------------
+    def _enter(self) -> None:
+        if self._closed:
+            raise UsageError("this GPU executor was closed; make a new one")
+        if self._device is not None:
+            self._device.activate()
+
+    def _check_state(self, state: State) -> GpuState:
+        if not isinstance(state, GpuState):
+            raise UsageError("this state was not made by this GPU executor; use its new_state()")
+        if state.released or state.slot < 0:
+            raise UsageError("this sequence state was released; create a new one with new_state()")
+        return state
+
+    def _token_ids(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise UsageError("no tokens to run; the prompt must have at least one token")
+        bad = ids[(ids < 0) | (ids >= self.config.vocab)]
+        if bad.size:
+            raise UsageError(f"token id {int(bad[0])} is outside the vocabulary (0..{self.config.vocab - 1})")
+        return ids
+
+    def _write_step(self, token: int, st: GpuState) -> None:
+        """Queue the step inputs of `token` at the state's position (a ring record the host leaves alone until synced)."""
+        if self._pending == RING:
+            self.ops.synchronize()
+            self._pending = 0
+        rec = self._ring[self._pending]
+        self._pending += 1
+        rec[:] = 0
+        rec[:STEP_HEADER] = (token, st.position, st.slot, st.position + 1)
+        rec[STEP_HEADER:STEP_HEADER + len(st.pages)] = st.pages
+        self.ops.write(self.program.step_buffer, rec)
+
+    def _run(self, token: int, st: GpuState) -> None:
+        self._write_step(token, st)
+        if self.cuda_graph:
+            self.graphs["body"][1].launch(self.ops.stream)
+        else:
+            self.program.body()
+        st.position += 1
+
+    def _read_logits(self, graph: bool | None = None) -> np.ndarray:
+        if self.cuda_graph if graph is None else graph:
+            self.graphs["head"][1].launch(self.ops.stream)
+        else:
+            self.program.head()
+        self.ops.read(self._logits, self.program.ws["logits"])
+        self.ops.synchronize()
+        self._pending = 0
+        return self._logits.view(bfloat16).astype(np.float32)
+
+    def _read_greedy(self) -> int:
+        replay = self.cuda_graph and "greedy" in self.graphs
+        if replay:
+            self.graphs["greedy"][1].launch(self.ops.stream)
+        else:
+            self._greedy_launches()  # eager (the first time with graphs: loads the argmax kernel)
+        self.ops.read(self._token, self.program.ws["argmax"])
+        self.ops.synchronize()
+        self._pending = 0
+        if self.cuda_graph and not replay:
+            self._capture_one("greedy", self._greedy_launches)
+        return int(self._token[0])
+
+    def _greedy_launches(self) -> None:
+        self.program.head()
+        self.program.greedy()
+
+    def close(self) -> None:
+        """Free the device memory, graphs and streams (states become invalid)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._device is not None:
+                self._device.activate()
+            for g, ge in self.graphs.values():
+                ge.close()
+                g.close()
+            self.graphs.clear()
+            if self.ops is not None:
+                self.ops.close()
+            for p in self._pinned:
+                p.close()
+
+    def __enter__(self) -> GpuExecutor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

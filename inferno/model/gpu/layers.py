@@ -1,0 +1,129 @@
+"""The launch sequence of one decode token (batch 1), written against `Ops`.
+
+Per layer, with x the residual stream (bf16) and `normed` the norm output:
+
+    normed = rmsnorm(x, input_norm)
+    GDN:   [q|k] = Wqk normed; [v|z] = Wvz normed (one buffer: q|k|v is the conv input, z after it)
+           [a|b] = Wab normed (bf16 GEMM); conv + SiLU (conv state of the slot); fused GDN step
+           (gates, l2norm, delta rule on the fp32 state of the slot, gated RMSNorm) -> mix_out
+    attn:  [q|k] = Wqk normed; [gate|v] = Wgv normed; q and gate interleaved per head into qg
+           (the kernels' layout); q/k norm + RoPE + K/V append to the paged cache; split-K
+           decode attention + combine with the sigmoid gate -> mix_out
+    x_mid  = x + Wo mix_out                         (GEMV, residual epilogue)
+    normed = rmsnorm(x_mid, post_attention_norm)
+    act    = silu(Wg normed) * (Wu normed)           (GEMV, fused SwiGLU epilogue)
+    x      = x_mid + Wdown act                       (GEMV, residual epilogue)
+
+then `normed = rmsnorm(x, final_norm)` and the head GEMV writes bf16 logits. The per-step inputs
+(token, position, GDN slot, length, page table) are read from the device `step` buffer, so the
+same launches serve every step and can be captured once into a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from inferno.cuda.memory import DeviceBuffer
+from inferno.model.config import ModelConfig
+from inferno.model.gpu.ops import AttnGeometry, Ops
+from inferno.model.gpu.residency import BF16, I32, STEP_HEADER, ResidencyPlan
+from inferno.model.gpu.state import DeviceStates
+from inferno.model.gpu.weights import DeviceTensor
+
+
+class DecodeProgram:
+    """Buffers and launch sequence of one decode token for one sequence."""
+
+    def __init__(self, ops: Ops, config: ModelConfig, weights: dict[str, DeviceTensor], states: DeviceStates,
+                 plan: ResidencyPlan):
+        self.ops, self.c, self.w, self.states = ops, config, weights, states
+        self.ws: dict[str, DeviceBuffer] = {name: ops.alloc(f"ws/{name}", n) for name, n in plan.workspace.items()}
+        step = self.step_buffer = self.ws["step"]
+        self.pages_per_seq = plan.kv.pages_per_seq
+        self.ids = step.view(0, I32, "step/token")
+        self.positions = step.view(I32, I32, "step/position")
+        self.slots = step.view(2 * I32, I32, "step/slot")
+        self.lens = step.view(3 * I32, I32, "step/length")
+        self.page_table = step.view(STEP_HEADER * I32, self.pages_per_seq * I32, "step/page_table")
+        c = config
+        self.attn = AttnGeometry(c.n_heads, c.n_kv_heads, c.head_dim, c.rotary_dim, c.rope_theta, c.rms_eps,
+                                 plan.kv.pages_per_seq, plan.kv.n_pages, plan.attn_splits)
+        self.n_slots = plan.gdn.slots
+
+    @property
+    def step_words(self) -> int:
+        return STEP_HEADER + self.pages_per_seq
+
+    def body(self, trace: Callable[[int], None] | None = None) -> None:
+        """Embedding, every layer, final norm (into ws['normed']). `trace(i)` after layer i (eager only:
+        ws['x'] then holds the layer's output and ws['mix_out'] its mixer output)."""
+        c, ws = self.c, self.ws
+        self.ops.embedding(self.ids, self.w["text/token_embedding"].buf, ws["x"], c.vocab, c.hidden)
+        for i in range(c.n_layers):
+            self.layer(i)
+            if trace is not None:
+                trace(i)
+        self.ops.rmsnorm(ws["x"], self.w["text/final_norm"].buf, ws["normed"], c.hidden, c.rms_eps)
+
+    def head(self) -> None:
+        """Logits (bf16 [vocab]) of ws['normed'] into ws['logits']."""
+        h = self.w["text/output_head"]
+        self.ops.gemv(h.fmt, "plain", h.buf, self.ws["normed"], self.ws["logits"], self.c.vocab, self.c.hidden)
+
+    def mixer_width(self, i: int) -> int:
+        """Values layer i's mixer writes to ws['mix_out'] (before its output projection)."""
+        c = self.c
+        return c.n_heads * c.head_dim if c.layer_types[i] == "full_attention" else c.gdn_value_width
+
+    def greedy(self) -> None:
+        """The index of the largest logit (int32) into ws['argmax']."""
+        self.ops.argmax(self.ws["logits"], self.ws["argmax"], self.c.vocab)
+
+    def layer(self, i: int) -> None:
+        c, ws, ops = self.c, self.ws, self.ops
+        p = f"text/layers/{i}/"
+        w = self.w
+        ops.rmsnorm(ws["x"], w[p + "input_norm"].buf, ws["normed"], c.hidden, c.rms_eps)
+        if c.layer_types[i] == "full_attention":
+            self._attention(i, p)
+            out = w[p + "attention/output"]
+        else:
+            self._gdn(i, p)
+            out = w[p + "gdn/output"]
+        ops.gemv(out.fmt, "residual", out.buf, ws["mix_out"], ws["x_mid"], c.hidden, out.shape[1], r=ws["x"])
+        ops.rmsnorm(ws["x_mid"], w[p + "post_attention_norm"].buf, ws["normed"], c.hidden, c.rms_eps)
+        gu, down = w[p + "mlp/gate_up"], w[p + "mlp/down"]
+        ops.gemv(gu.fmt, "swiglu", gu.buf, ws["normed"], ws["act"], gu.shape[0], c.hidden)
+        ops.gemv(down.fmt, "residual", down.buf, ws["act"], ws["x"], c.hidden, down.shape[1], r=ws["x_mid"])
+
+    def _gdn(self, i: int, p: str) -> None:
+        c, ws, ops, w = self.c, self.ws, self.ops, self.w
+        kw, vw, hv = c.gdn_key_width, c.gdn_value_width, c.gdn_v_heads
+        qk, vz, ab = w[p + "gdn/query_key"], w[p + "gdn/value_z"], w[p + "gdn/a_b_projection"]
+        mix = ws["mix_in"]
+        ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden)
+        ops.gemv(vz.fmt, "plain", vz.buf, ws["normed"], mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden)
+        ops.linear_bf16(ws["normed"], ab.buf, ws["ab"], 2 * hv, c.hidden)
+        ops.gdn_conv(mix.view(0, c.conv_dim * BF16), self.states.conv[i], w[p + "gdn/convolution"].buf, self.slots,
+                     ws["conv_out"], c.conv_dim, self.n_slots)
+        ops.gdn_step(ws["conv_out"], mix.view(c.conv_dim * BF16, vw * BF16), ws["ab"].view(0, hv * BF16),
+                     ws["ab"].view(hv * BF16, hv * BF16), w[p + "gdn/a_log"].buf, w[p + "gdn/dt_bias"].buf,
+                     w[p + "gdn/norm"].buf, self.states.recurrent[i], self.slots, ws["mix_out"], c.gdn_k_heads,
+                     hv, self.n_slots, c.rms_eps)
+
+    def _attention(self, i: int, p: str) -> None:
+        c, ws, ops, w, g = self.c, self.ws, self.ops, self.w, self.attn
+        d = c.head_dim
+        qw, kvw = c.n_heads * d, c.n_kv_heads * d
+        qk, gv = w[p + "attention/query_key"], w[p + "attention/gate_value"]
+        mix, gate_value, qg = ws["mix_in"], ws["gate_value"], ws["qg"]
+        ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, (qw + kvw) * BF16), qw + kvw, c.hidden)
+        ops.gemv(gv.fmt, "plain", gv.buf, ws["normed"], gate_value, qw + kvw, c.hidden)
+        # per head [q_h | gate_h] rows of 2d values: the layout the attention kernels read
+        ops.copy2d(qg, 2 * d * BF16, mix, d * BF16, d * BF16, c.n_heads)
+        ops.copy2d(qg.view(d * BF16, qg.nbytes - d * BF16), 2 * d * BF16, gate_value, d * BF16, d * BF16, c.n_heads)
+        ops.attn_prep(qg, mix.view(qw * BF16, kvw * BF16), gate_value.view(qw * BF16, kvw * BF16),
+                      w[p + "attention/query_norm"].buf, w[p + "attention/key_norm"].buf, self.positions, self.lens,
+                      self.page_table, self.states.kv[i], ws["q"], g)
+        ops.attn_decode(ws["q"], self.lens, self.page_table, self.states.kv[i], ws["part_o"], ws["part_lse"], qg,
+                        ws["mix_out"], g)

@@ -1,0 +1,245 @@
+"""The device operations the GPU executor's decode path is written in, on CUDA (`CudaOps`).
+
+`layers.py` speaks only to this interface, so the same launch sequence runs on the GPU
+(`CudaOps`: our kernels, one stream, capturable into a CUDA graph) and on the CPU
+(`inferno.model.gpu.emulator.EmulatedOps`: numpy models of the same kernels over an emulated
+device memory), which lets the wiring — buffer offsets, row orders, state layouts — be tested
+against the reference executor on machines without a GPU.
+
+Every kernel this executor needs is resolved when `CudaOps` is made, so a missing kernel fails
+at start-up with an error that names it, not in the middle of a generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from inferno.cuda.errors import LaunchError
+from inferno.cuda.memory import DeviceBuffer
+from inferno.errors import NotBuiltError
+from inferno.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class AttnGeometry:
+    """Static shapes of one attention call (batch 1)."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    eps: float
+    pages_per_seq: int  # page-table width
+    n_pages: int  # pages in each layer's pool
+    splits: int  # split-K partitions of the decode kernel
+
+
+class Ops(Protocol):
+    """Device memory plus the kernels of one decode step; all work is queued in order."""
+
+    def alloc(self, name: str, nbytes: int) -> DeviceBuffer: ...
+    def upload(self, buf: DeviceBuffer, array: np.ndarray) -> None: ...  # synchronous
+    def download(self, buf: DeviceBuffer, dtype: Any, shape: tuple[int, ...]) -> np.ndarray: ...  # waits for queued work
+    def zero(self, buf: DeviceBuffer) -> None: ...
+    def write(self, buf: DeviceBuffer, array: np.ndarray) -> None: ...  # queued; `array` stays untouched until synced
+    def read(self, out: np.ndarray, buf: DeviceBuffer) -> None: ...  # queued; valid after synchronize()
+    def synchronize(self) -> None: ...
+    def copy2d(self, dst: DeviceBuffer, dst_pitch: int, src: DeviceBuffer, src_pitch: int, width: int,
+               height: int) -> None: ...
+    def embedding(self, ids: DeviceBuffer, table: DeviceBuffer, out: DeviceBuffer, vocab: int, hidden: int) -> None: ...
+    def rmsnorm(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, eps: float) -> None: ...
+    def gemv(self, fmt: str, epilogue: str, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
+             r: DeviceBuffer | None = None) -> None: ...
+    def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int) -> None: ...
+    def gdn_conv(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, slots: DeviceBuffer,
+                 out: DeviceBuffer, channels: int, n_slots: int) -> None: ...
+    def gdn_step(self, qkv: DeviceBuffer, z: DeviceBuffer, a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer,
+                 dt_bias: DeviceBuffer, norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer,
+                 out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, eps: float) -> None: ...
+    def attn_prep(self, qg: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
+                  k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer,
+                  kv: DeviceBuffer, q: DeviceBuffer, g: AttnGeometry) -> None: ...
+    def attn_decode(self, q: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer, kv: DeviceBuffer,
+                    part_o: DeviceBuffer, part_lse: DeviceBuffer, qg: DeviceBuffer, out: DeviceBuffer,
+                    g: AttnGeometry) -> None: ...
+    def argmax(self, x: DeviceBuffer, out: DeviceBuffer, n: int) -> None: ...
+
+
+def _missing(kernel: str, owner: str, why: str) -> NotBuiltError:
+    return NotBuiltError(f"the GPU executor needs the {kernel} kernel ({owner}), which {why}; "
+                         "run with --device cpu until it is built")
+
+
+class CudaOps:
+    """`Ops` on one GPU: a device arena of `capacity` bytes, one stream, our kernels."""
+
+    def __init__(self, device: Any, capacity: int, config: ModelConfig, attn_group: int | None):
+        from inferno.cuda import DeviceArena, Stream
+
+        self.device = device
+        self._resolve(config, attn_group)
+        self.stream = Stream.create()
+        self.arena = DeviceArena(device, capacity, "gpu executor")
+
+    # ---- kernel resolution ---------------------------------------------------------------------
+    def _resolve(self, config: ModelConfig, attn_group: int | None) -> None:
+        from inferno.kernels import launchers as L
+        from inferno.kernels.cache import load
+        from inferno.kernels.registry import get, variants
+
+        dev = self.device
+        def width(v) -> int:  # the widest row a norm variant holds (launchers.RMSNorm.max_n)
+            return v.config.get("threads_per_row", 0) * v.config.get("chunks", 0) * 8
+
+        norms = sorted((v for v in variants(dev.arch) if v.op == "rmsnorm"), key=width)
+        fit = [v for v in norms if width(v) >= config.hidden]
+        if not fit:
+            raise _missing(f"rmsnorm for width {config.hidden}", "inferno/kernels/registry.py", "has no variant that wide")
+        self._rmsnorm = L.RMSNorm(load(fit[0], dev))
+        self._embedding = L.Embedding(load(get("embedding"), dev))
+        self._gemm = L.Gemm(load(get("gemm_simt"), dev))
+        self._gemv: dict[str, Any] = {}
+        self._argmax: Any = None  # loaded on first greedy use (optional)
+        if config.gdn_layers:
+            try:
+                from inferno.kernels.gdn_variants import GDN_VARIANTS, GdnConv, GdnStep
+            except ImportError as e:
+                raise _missing("GDN decode", "inferno/kernels/gdn_variants.py", f"cannot be imported ({e})") from None
+            by_op = {v.op: v for v in GDN_VARIANTS}
+            self._gdn_conv = GdnConv(load(by_op["gdn_conv"], dev))
+            self._gdn_step = GdnStep(load(by_op["gdn_step"], dev))
+        if config.attention_layers:
+            try:
+                from inferno.kernels import attn_variants as A
+            except ImportError as e:
+                raise _missing("attention decode", "inferno/kernels/attn_variants.py",
+                               f"cannot be imported ({e})") from None
+            try:
+                decode = A.decode_variant(config.n_heads, config.n_kv_heads)
+            except LaunchError:
+                raise _missing(f"attn_decode_g{attn_group}", "inferno/kernels/attn_variants.py",
+                               f"has no variant for {attn_group} query heads per kv head "
+                               f"(groups built: {', '.join(map(str, A.GROUPS))})") from None
+            self._attn_prep = A.AttnQkPrep(load(A.PREP, dev))
+            self._attn_decode = A.AttnDecode(load(decode, dev))
+            self._attn_combine = A.AttnCombine(load(A.COMBINE, dev))
+
+    def _gemv_launcher(self, fmt: str, epilogue: str) -> Any:
+        from inferno.kernels.cache import load
+        from inferno.kernels.gemv_variants import GemvQ, gemv_variant, variant_name
+
+        name = variant_name(fmt, epilogue, 1)
+        g = self._gemv.get(name)
+        if g is None:
+            g = self._gemv[name] = GemvQ(load(gemv_variant(name), self.device))
+        return g
+
+    def preload_gemv(self, keys: set[tuple[str, str]]) -> None:
+        """Load every (format, epilogue) GEMV the model uses before the first step."""
+        for fmt, epilogue in sorted(keys):
+            self._gemv_launcher(fmt, epilogue)
+
+    # ---- memory ----------------------------------------------------------------------------------
+    def alloc(self, name: str, nbytes: int) -> DeviceBuffer:
+        return self.arena.alloc(name, nbytes)
+
+    def upload(self, buf: DeviceBuffer, array: np.ndarray) -> None:
+        from inferno.cuda import h2d
+
+        h2d(buf, np.ascontiguousarray(array))
+
+    def download(self, buf: DeviceBuffer, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        from inferno.cuda import d2h
+
+        self.stream.synchronize()
+        out = np.empty(shape, dtype)
+        d2h(out, buf, nbytes=out.nbytes)
+        return out
+
+    def zero(self, buf: DeviceBuffer) -> None:
+        from inferno.cuda import memset_d8
+
+        memset_d8(buf, 0, stream=self.stream)
+
+    def write(self, buf: DeviceBuffer, array: np.ndarray) -> None:
+        from inferno.cuda import h2d
+
+        h2d(buf, array, stream=self.stream)
+
+    def read(self, out: np.ndarray, buf: DeviceBuffer) -> None:
+        from inferno.cuda import d2h
+
+        d2h(out, buf, stream=self.stream, nbytes=out.nbytes)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def copy2d(self, dst: DeviceBuffer, dst_pitch: int, src: DeviceBuffer, src_pitch: int, width: int,
+               height: int) -> None:
+        from inferno.cuda.driver import driver
+        from inferno.cuda.errors import check
+
+        need_src, need_dst = (height - 1) * src_pitch + width, (height - 1) * dst_pitch + width
+        if need_src > src.nbytes or need_dst > dst.nbytes:
+            raise ValueError(f"copy2d {src.name} -> {dst.name}: {height} rows of {width} bytes do not fit")
+        cu = driver()
+        p = cu.CUDA_MEMCPY2D()
+        p.srcMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        p.srcDevice = src.ptr
+        p.srcPitch = src_pitch
+        p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+        p.dstDevice = dst.ptr
+        p.dstPitch = dst_pitch
+        p.WidthInBytes = width
+        p.Height = height
+        check(cu.cuMemcpy2DAsync(p, self.stream.handle), "cuMemcpy2DAsync", f"{src.name} -> {dst.name}")
+
+    # ---- kernels -----------------------------------------------------------------------------------
+    def embedding(self, ids, table, out, vocab, hidden) -> None:
+        self._embedding(ids, table, out, 1, vocab, hidden, stream=self.stream)
+
+    def rmsnorm(self, x, w, y, n, eps) -> None:
+        self._rmsnorm(x, w, y, 1, n, eps, stream=self.stream)
+
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None) -> None:
+        self._gemv_launcher(fmt, epilogue)(w, x, y, n, k, 1, r=r, stream=self.stream)
+
+    def linear_bf16(self, x, w, y, n, k) -> None:
+        self._gemm(x, w, y, 1, n, k, stream=self.stream)
+
+    def gdn_conv(self, x, conv_state, conv_w, slots, out, channels, n_slots) -> None:
+        self._gdn_conv(x, conv_state, conv_w, slots, out, 1, channels, n_slots, stream=self.stream)
+
+    def gdn_step(self, qkv, z, a, b, a_log, dt_bias, norm_w, state, slots, out, k_heads, v_heads, n_slots,
+                 eps) -> None:
+        self._gdn_step(qkv, z, a, b, a_log, dt_bias, norm_w, state, slots, out, 1, k_heads, v_heads, n_slots,
+                       eps, stream=self.stream)
+
+    def attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g) -> None:
+        self._attn_prep(qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, batch=1, n_heads=g.n_heads,
+                        n_kv_heads=g.n_kv_heads, table_width=g.pages_per_seq, eps=g.eps, rope_theta=g.rope_theta,
+                        stream=self.stream)
+
+    def attn_decode(self, q, lens, page_table, kv, part_o, part_lse, qg, out, g) -> None:
+        self._attn_decode(q, lens, page_table, kv, part_o, part_lse, batch=1, n_heads=g.n_heads,
+                          n_kv_heads=g.n_kv_heads, table_width=g.pages_per_seq, splits=g.splits,
+                          scale=g.head_dim ** -0.5, stream=self.stream)
+        self._attn_combine(part_o, part_lse, lens, qg, out, batch=1, n_heads=g.n_heads, splits=g.splits,
+                           stream=self.stream)
+
+    def argmax(self, x, out, n) -> None:
+        if self._argmax is None:
+            from inferno.kernels.sample_variants import Argmax
+
+            self._argmax = Argmax.for_device(self.device)
+        self._argmax(x, out, n, stream=self.stream)
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self.arena.close()
+        self.stream.close()
+

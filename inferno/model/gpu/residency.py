@@ -1,0 +1,305 @@
+"""The residency plan: where every tensor the GPU executor touches lives, and how much it needs.
+
+One plan per executor, built before any device call (so it is CPU-testable): the weights the
+dense decode path reads (all device-resident for now; the FFN host offload will add a pinned-host
+placement here), the sequence state (KV pages and GDN state slots) and the per-step workspace.
+`require_fits` turns a plan that does not fit the GPU into one error naming what did not fit
+and which flag helps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferno.artifact.identities import ExpectedTensor
+from inferno.cuda.errors import OutOfMemoryError
+from inferno.cuda.memory import fmt_bytes
+from inferno.errors import NotBuiltError
+from inferno.model.config import ModelConfig
+
+DEVICE = "device"
+ALIGN = 256  # arena reservation alignment (cuMemAlloc granularity)
+PAGE_TOKENS = 64  # tokens per KV page
+HEADROOM = 256 * 2**20  # device memory left free for the driver, cubins and graphs
+BF16, FP32, I32 = 2, 4, 4
+STEP_HEADER = 4  # int32 words before the page table in the step buffer: token, position, slot, length
+
+# How a weight is stored on the device:
+PAYLOAD = "payload"  # the artifact bytes as they are (quantized GEMV payloads, BF16/FP32 vectors)
+DEQUANT_BF16 = "bf16"  # dequantized to bf16 at load (the embedding table: the gather kernel reads bf16)
+CONCAT = "concat"  # BF16 sources concatenated by rows (GDN a | b projections: one GEMM)
+
+
+# GEMV epilogue of each quantized matrix the decode path multiplies by, by device-name suffix
+GEMV_EPILOGUES = {
+    "gdn/query_key": "plain", "gdn/value_z": "plain", "attention/query_key": "plain",
+    "attention/gate_value": "plain", "text/output_head": "plain", "gdn/output": "residual",
+    "attention/output": "residual", "mlp/down": "residual", "mlp/gate_up": "swiglu",
+}
+
+
+def gemv_epilogue(name: str) -> str | None:
+    """The GEMV epilogue of the weight called `name`, or None when no GEMV reads it."""
+    return next((e for suffix, e in GEMV_EPILOGUES.items() if name.endswith(suffix)), None)
+
+
+def gemv_kinds(placements) -> set[tuple[str, str]]:
+    """(format, epilogue) of every GEMV the decode path launches for these placements."""
+    return {(p.fmt, gemv_epilogue(p.name)) for p in placements if gemv_epilogue(p.name) is not None}
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return -(-n // a) * a
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One device weight: built from artifact tensors `sources`, `nbytes` on the device."""
+
+    name: str
+    sources: tuple[str, ...]
+    fmt: str  # format on the device (a groupwise scheme, BF16 or FP32)
+    shape: tuple[int, ...]
+    stored: str
+    nbytes: int
+    where: str = DEVICE
+
+
+@dataclass(frozen=True)
+class KvSizing:
+    """KV cache: per attention layer a pool of `n_pages` pages, each [2, Hkv, PAGE_TOKENS, head_dim] bf16."""
+
+    layers: int
+    n_kv_heads: int
+    head_dim: int
+    max_seqs: int
+    max_context: int
+    page_tokens: int = PAGE_TOKENS
+
+    @property
+    def pages_per_seq(self) -> int:
+        return -(-self.max_context // self.page_tokens)
+
+    @property
+    def n_pages(self) -> int:
+        return self.max_seqs * self.pages_per_seq
+
+    @property
+    def page_bytes(self) -> int:
+        return 2 * self.n_kv_heads * self.page_tokens * self.head_dim * BF16
+
+    @property
+    def layer_bytes(self) -> int:
+        return self.n_pages * self.page_bytes
+
+    @property
+    def bytes(self) -> int:
+        return self.layers * align_up(self.layer_bytes)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one token of one sequence takes over all attention layers."""
+        return self.layers * 2 * self.n_kv_heads * self.head_dim * BF16
+
+
+@dataclass(frozen=True)
+class GdnSizing:
+    """GDN state slots: per GDN layer conv [slots, K-1, conv_dim] bf16 and recurrent [slots, Hv, dk, dv] fp32."""
+
+    layers: int
+    slots: int
+    conv_dim: int
+    conv_taps: int  # K - 1
+    v_heads: int
+    k_dim: int
+    v_dim: int
+
+    @property
+    def conv_slot_bytes(self) -> int:
+        return self.conv_taps * self.conv_dim * BF16
+
+    @property
+    def recurrent_slot_bytes(self) -> int:
+        return self.v_heads * self.k_dim * self.v_dim * FP32
+
+    @property
+    def bytes(self) -> int:
+        return self.layers * (align_up(self.slots * self.conv_slot_bytes) + align_up(self.slots * self.recurrent_slot_bytes))
+
+
+def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int) -> dict[str, int]:
+    """The per-step activation buffers of the decode path (one sequence), name -> bytes."""
+    c = config
+    q_width = c.n_heads * c.head_dim
+    kv_width = c.n_kv_heads * c.head_dim
+    mix_in = c.conv_dim + c.gdn_value_width if c.gdn_layers else 0  # GDN: q | k | v | z
+    return {
+        "step": (STEP_HEADER + pages_per_seq) * I32,  # token, position, slot, length, page table
+        "x": c.hidden * BF16,  # residual stream (layer input and output)
+        "x_mid": c.hidden * BF16,  # residual stream after the mixer
+        "normed": c.hidden * BF16,
+        "mix_in": max(mix_in, (q_width + kv_width) if c.attention_layers else 0) * BF16,  # GDN qkvz / attn q|k
+        "gate_value": (q_width + kv_width) * BF16 if c.attention_layers else ALIGN,  # attn gate | v
+        "ab": 2 * c.gdn_v_heads * BF16 if c.gdn_layers else ALIGN,
+        "conv_out": c.conv_dim * BF16 if c.gdn_layers else ALIGN,
+        "mix_out": max(c.gdn_value_width if c.gdn_layers else 0, q_width if c.attention_layers else 0) * BF16,
+        "act": c.intermediate * BF16,
+        "logits": c.vocab * BF16,
+        "argmax": I32,  # greedy pick (device argmax of the logits)
+        # attention: per head [q | gate] (the kernels' layout), q after norm + RoPE, split-K partials
+        "qg": 2 * q_width * BF16 if c.attention_layers else ALIGN,
+        "q": q_width * FP32 if c.attention_layers else ALIGN,
+        "part_o": q_width * splits * FP32 if c.attention_layers else ALIGN,
+        "part_lse": c.n_heads * splits * FP32 if c.attention_layers else ALIGN,
+    }
+
+
+def attn_splits(max_context: int, n_kv_heads: int) -> int:
+    """Split-K partitions of decode attention: fixed for the executor's life (one captured graph
+    serves every length; unused splits exit at once), by the attention kernels' own rule."""
+    from inferno.kernels.attn_variants import default_splits
+
+    return default_splits(max_context, 1, n_kv_heads)
+
+
+@dataclass(frozen=True)
+class ResidencyPlan:
+    """Everything the executor reserves on the device, with the sizes that decide whether it fits."""
+
+    config: ModelConfig
+    placements: tuple[Placement, ...]
+    kv: KvSizing
+    gdn: GdnSizing
+    workspace: dict[str, int]
+    attn_splits: int  # split-K partitions of decode attention
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(align_up(p.nbytes) for p in self.placements if p.where == DEVICE)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.kv.bytes + self.gdn.bytes
+
+    @property
+    def workspace_bytes(self) -> int:
+        return sum(align_up(n) for n in self.workspace.values())
+
+    @property
+    def arena_bytes(self) -> int:
+        """The device arena's capacity: every reservation rounded up to ALIGN."""
+        return self.weight_bytes + self.state_bytes + self.workspace_bytes
+
+    def summary(self) -> str:
+        return (f"weights {fmt_bytes(self.weight_bytes)}, KV cache {fmt_bytes(self.kv.bytes)} "
+                f"({self.kv.max_seqs} sequences x {self.kv.max_context} tokens), GDN state "
+                f"{fmt_bytes(self.gdn.bytes)} ({self.gdn.slots} slots), workspace {fmt_bytes(self.workspace_bytes)}")
+
+    def require_fits(self, free: int) -> None:
+        """Raise OutOfMemoryError naming what does not fit in `free` device bytes and what to change."""
+        if self.arena_bytes + HEADROOM > free:
+            raise self.oom_error(free)
+
+    def oom_error(self, free: int) -> OutOfMemoryError:
+        """The error for a plan that did not fit in `free` device bytes: what it needs, and which flag helps."""
+        need = self.arena_bytes + HEADROOM
+        fixed = self.weight_bytes + self.workspace_bytes + HEADROOM
+        if fixed > free:
+            hint = (f"the weights alone need {fmt_bytes(self.weight_bytes)}; FFN host offload is not built yet, "
+                    "so use a GPU with more free memory")
+        else:
+            per_seq = self.kv.bytes_per_token * self.kv.max_context + self.gdn.bytes // max(self.gdn.slots, 1)
+            room = free - fixed
+            seqs = room // per_seq if per_seq else 0
+            ctx = ((room - self.gdn.bytes) // (self.kv.max_seqs * self.kv.bytes_per_token)
+                   if self.kv.bytes_per_token else 0)
+            hint = (f"the KV cache and GDN state need {fmt_bytes(self.state_bytes)}; lower --max-context "
+                    f"(at most about {max(ctx, 0)} tokens fit for {self.kv.max_seqs} sequences) or "
+                    f"--max-concurrency (about {seqs} sequences fit at {self.kv.max_context} tokens)")
+        return OutOfMemoryError(
+            f"the model does not fit on the GPU: it needs {fmt_bytes(need)} ({self.summary()}, plus "
+            f"{fmt_bytes(HEADROOM)} headroom) but {fmt_bytes(free)} is free; {hint}",
+            name="gpu executor", requested=need, used=0, capacity=self.arena_bytes, free=free)
+
+
+def decode_weights(config: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
+    """(device name, artifact sources, storage) of every weight the dense decode path reads."""
+    out: list[tuple[str, tuple[str, ...], str]] = [("text/token_embedding", ("text/token_embedding",), DEQUANT_BF16)]
+    for i, kind in enumerate(config.layer_types):
+        p = f"text/layers/{i}/"
+        names = ["input_norm", "post_attention_norm", "mlp/gate_up", "mlp/down"]
+        if kind == "full_attention":
+            names += ["attention/query_key", "attention/gate_value", "attention/query_norm",
+                      "attention/key_norm", "attention/output"]
+        else:
+            names += ["gdn/a_log", "gdn/dt_bias", "gdn/convolution", "gdn/query_key", "gdn/value_z",
+                      "gdn/norm", "gdn/output"]
+            out.append((p + "gdn/a_b_projection", (p + "gdn/a_projection", p + "gdn/b_projection"), CONCAT))
+        out += [(p + n, (p + n,), PAYLOAD) for n in names]
+    out += [("text/final_norm", ("text/final_norm",), PAYLOAD), ("text/output_head", ("text/output_head",), PAYLOAD)]
+    return out
+
+
+def check_supported(config: ModelConfig) -> None:
+    """Refuse configs the first GPU executor does not run (NotBuiltError names the missing piece)."""
+    if config.is_moe:
+        raise NotBuiltError("the GPU executor runs dense Qwen3.5 models only for now (MoE is not built yet); "
+                            "use --device cpu")
+    if config.gdn_layers and (config.gdn_k_dim, config.gdn_v_dim) != (128, 128):
+        raise NotBuiltError(f"the GPU GDN kernels need head dims 128/128, this model has "
+                            f"{config.gdn_k_dim}/{config.gdn_v_dim}; use --device cpu")
+    if config.attention_layers:
+        from inferno.kernels.attn_variants import HEAD_DIM, PREP
+
+        if (config.head_dim, config.rotary_dim) != (HEAD_DIM, PREP.config["rotary"]):
+            raise NotBuiltError(f"the GPU attention kernels are built for head dim {HEAD_DIM} with "
+                                f"{PREP.config['rotary']} rotary dims, this model has {config.head_dim} / "
+                                f"{config.rotary_dim}; use --device cpu")
+    if config.conv_kernel != 4:
+        raise NotBuiltError(f"the GPU GDN conv kernel is built for kernel size 4, not {config.conv_kernel}; "
+                            "use --device cpu")
+
+
+def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max_seqs: int,
+                   max_context: int, fusion: str = "split") -> ResidencyPlan:
+    """The plan for `config` whose artifact tensors are `expected` (name -> inventory entry) in the
+    identity's fusion plan `fusion`."""
+    from inferno.artifact import formats
+    from inferno.errors import ArtifactError, UsageError
+    from inferno.kernels.gemv_variants import FORMATS
+
+    check_supported(config)
+    if fusion != "split":
+        raise NotBuiltError(f"the GPU executor runs groupwise-int dense artifacts (fusion plan 'split') only for "
+                            f"now; this artifact uses plan {fusion!r}; use --device cpu")
+    if max_seqs < 1 or max_context < 1:
+        raise UsageError(f"max_seqs and max_context must be >= 1, got {max_seqs} and {max_context}")
+    placements = []
+    for name, sources, stored in decode_weights(config):
+        missing = [s for s in sources if s not in expected]
+        if missing:
+            raise ArtifactError(f"the artifact has no tensor {missing[0]}; it is not a dense Qwen3.5 "
+                                "artifact this executor can run")
+        src = [expected[s] for s in sources]
+        if stored == DEQUANT_BF16:
+            fmt, shape = "BF16", src[0].shape
+            nbytes = int(shape[0]) * int(shape[1]) * BF16
+        elif stored == CONCAT:
+            if any(e.format != "BF16" for e in src):
+                raise ArtifactError(f"{name}: expected BF16 sources, got {[e.format for e in src]}")
+            fmt, shape = "BF16", (sum(e.shape[0] for e in src), src[0].shape[1])
+            nbytes = shape[0] * shape[1] * BF16
+        else:
+            e = src[0]
+            fmt, shape = e.format, e.shape
+            if gemv_epilogue(name) is not None and fmt not in FORMATS:
+                raise NotBuiltError(f"the GPU executor has no GEMV kernel for {fmt} weights ({name}) yet; "
+                                    "use --device cpu")
+            nbytes = formats.packed_nbytes(fmt, e.layout, tuple(shape))
+        placements.append(Placement(name, sources, fmt, tuple(int(d) for d in shape), stored, int(nbytes)))
+    kv = KvSizing(len(config.attention_layers), config.n_kv_heads, config.head_dim, max_seqs, max_context)
+    gdn = GdnSizing(len(config.gdn_layers), max_seqs, config.conv_dim, config.conv_kernel - 1,
+                    config.gdn_v_heads, config.gdn_k_dim, config.gdn_v_dim)
+    splits = attn_splits(max_context, config.n_kv_heads) if config.attention_layers else 1
+    return ResidencyPlan(config, tuple(placements), kv, gdn, workspace_buffers(config, kv.pages_per_seq, splits),
+                         splits)

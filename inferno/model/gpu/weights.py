@@ -1,0 +1,64 @@
+"""Upload the artifact tensors the decode path reads into the device arena, as the residency plan says.
+
+Quantized matrices go up as their `row-split-k128-v1` payloads, byte for byte (the GEMV kernel
+reads that layout directly: no load-time repack, see inferno/kernels/qlayout.py); BF16 / FP32
+vectors as they are; the embedding table dequantized to bf16 (the gather kernel reads bf16
+rows); the GDN a and b projections concatenated into one [2 Hv, H] bf16 matrix (one GEMM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from ml_dtypes import bfloat16
+
+from inferno.artifact import formats
+from inferno.artifact.container import Artifact
+from inferno.artifact.identities import ExpectedTensor
+from inferno.cuda.memory import DeviceBuffer
+from inferno.errors import ArtifactError
+from inferno.model.gpu.ops import Ops
+from inferno.model.gpu.residency import CONCAT, DEQUANT_BF16, PAYLOAD, Placement, ResidencyPlan
+
+
+@dataclass(frozen=True)
+class DeviceTensor:
+    """A weight on the device: its buffer, device format and logical shape."""
+
+    buf: DeviceBuffer
+    fmt: str
+    shape: tuple[int, ...]
+
+
+def host_image(p: Placement, artifact: Artifact, expected: dict[str, ExpectedTensor]) -> np.ndarray:
+    """The bytes (as a numpy array) that placement `p` puts on the device."""
+    if p.stored == PAYLOAD:
+        data = np.frombuffer(artifact.tensor_bytes(p.sources[0]), np.uint8)
+    elif p.stored == DEQUANT_BF16:
+        e = expected[p.sources[0]]
+        data = formats.decode(e.format, e.layout, artifact.tensor_bytes(e.name), e.shape).astype(bfloat16)
+    elif p.stored == CONCAT:
+        data = np.concatenate([np.frombuffer(artifact.tensor_bytes(s), np.uint8) for s in p.sources])
+    else:
+        raise AssertionError(f"unknown storage {p.stored!r}")
+    if data.nbytes != p.nbytes:
+        raise ArtifactError(f"{artifact.path}: {p.name} holds {data.nbytes} bytes, its format needs {p.nbytes}; "
+                            "the artifact is damaged")
+    return data
+
+
+def upload_weights(ops: Ops, artifact: Artifact, expected: dict[str, ExpectedTensor], plan: ResidencyPlan,
+                   progress: bool = True) -> dict[str, DeviceTensor]:
+    """Reserve and fill every placement of `plan`; returns device name -> DeviceTensor."""
+    from inferno.artifact.convert import Progress
+
+    bar = Progress("uploading weights", plan.weight_bytes, enabled=progress)
+    out: dict[str, DeviceTensor] = {}
+    for p in plan.placements:
+        buf = ops.alloc(p.name, p.nbytes)
+        ops.upload(buf, host_image(p, artifact, expected))
+        out[p.name] = DeviceTensor(buf, p.fmt, p.shape)
+        bar.advance(p.nbytes)
+    bar.close()
+    return out
