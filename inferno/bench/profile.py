@@ -1,0 +1,61 @@
+"""The per-kernel timing hook an executor may offer to `inferno bench --kernel-table`.
+
+An executor that implements `KernelProfiler` runs one decode step (or one prefill chunk)
+EAGERLY, with device events around every launch, and returns one `KernelTime` per launch (or
+per group of launches it chooses to merge, with `launches` > 1). The call has the same effect
+on `state` as `step` / `prefill` (the token is appended), so the bench can continue or release
+the state afterwards. `bytes` is what the kernel must move (read + written) and `flops` what it
+must compute; give the one that bounds the kernel (or both), None for the other. The bench
+turns them into a rate and a ratio to the same-run copy bandwidth / GEMM rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """Device time of one kernel launch (or `launches` merged launches) and its work."""
+
+    kernel: str  # e.g. "gemv_q4 text/layers/0/mlp/gate_up"
+    seconds: float
+    bytes: int | None = None
+    flops: int | None = None
+    launches: int = 1
+
+
+@runtime_checkable
+class KernelProfiler(Protocol):
+    """Optional executor extension: per-launch device times of one decode step / prefill chunk."""
+
+    def profile_step(self, token: int, state) -> list[KernelTime]:
+        """Like `step(token, state)`, run eagerly; the device time of each launch."""
+        ...
+
+    def profile_prefill(self, tokens: Sequence[int], state) -> list[KernelTime]:
+        """Like `prefill(tokens, state)` for one chunk, run eagerly; the device time of each launch."""
+        ...
+
+
+def kernel_rows(times: list[KernelTime], copy_gbps: float | None, gemm_tflops: float | None) -> list[dict]:
+    """JSON rows: kernel, seconds, bytes, flops, achieved GB/s and TFLOP/s, ratio to the limit.
+
+    The ratio is the larger of (GB/s / copy GB/s) and (TFLOP/s / GEMM TFLOP/s) among those known:
+    the limit the kernel is closest to. None when no limit was measured.
+    """
+    rows = []
+    for t in times:
+        gbps = t.bytes / t.seconds / 1e9 if t.bytes is not None and t.seconds > 0 else None
+        tflops = t.flops / t.seconds / 1e12 if t.flops is not None and t.seconds > 0 else None
+        ratios = []
+        if gbps is not None and copy_gbps:
+            ratios.append(("copy", gbps / copy_gbps))
+        if tflops is not None and gemm_tflops:
+            ratios.append(("gemm", tflops / gemm_tflops))
+        limit, ratio = max(ratios, key=lambda r: r[1]) if ratios else (None, None)
+        rows.append({"kernel": t.kernel, "launches": t.launches, "seconds": t.seconds, "bytes": t.bytes,
+                     "flops": t.flops, "gbps": gbps, "tflops": tflops, "limit": limit, "ratio": ratio})
+    return rows
