@@ -10,6 +10,9 @@ import time
 
 import httpx
 import pytest
+from conftest import gpu_available
+
+NO_GPU_ONLY = pytest.mark.skipif(gpu_available(), reason="checks the refusal on a machine without a GPU")
 
 
 def serve(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
@@ -20,7 +23,7 @@ def serve(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("args,code,words", [
-    (["--device", "cuda"], 3, "not built yet"),
+    pytest.param(["--device", "cuda"], 2, "no NVIDIA GPU is visible", marks=NO_GPU_ONLY),
     (["--device", "tpu"], 2, "--device"),
     (["--max-concurrency", "9"], 2, "--max-concurrency"),
     (["--max-request-mib", "0"], 2, "--max-request-mib"),

@@ -10,52 +10,17 @@ preset with random weights, synthesized once into the cache directory.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
-from collections.abc import Callable
 from typing import Optional
 
 import typer
 
-from inferno.errors import NotBuiltError, UsageError
+from inferno.cli.common import check_device, demo_model, load_model
+from inferno.errors import UsageError
 
-DEMO_PRESET = "tiny-dense"
-DEMO_SEED = 0
 DEMO_PROMPT = "Write a short poem about fire."
-DEVICES = ("auto", "cpu", "cuda")
-
-
-def cache_dir() -> Path:
-    """`$INFERNO_CACHE`, else `~/.cache/inferno`."""
-    env = os.environ.get("INFERNO_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "inferno"
-
-
-def demo_model(log: Callable[[str], None]) -> Path:
-    """The demo checkpoint, synthesized on first use (written aside, then moved into place)."""
-    from inferno.checkpoint.synth import synthesize
-
-    path = cache_dir() / "demo"
-    if (path / "config.json").is_file():
-        return path
-    log(f"synthesizing the demo model ({DEMO_PRESET}, seed {DEMO_SEED}) into {path} (once) ...")
-    tmp = path.with_name(f"demo.tmp-{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        synthesize(DEMO_PRESET, tmp, seed=DEMO_SEED)
-        try:
-            tmp.rename(path)
-        except OSError:
-            if not (path / "config.json").is_file():  # not a concurrent run that won the race
-                raise
-    except OSError as e:
-        raise UsageError(f"cannot write the demo model under {path.parent} ({e.strerror}); set INFERNO_CACHE to a writable directory") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
 
 
 def read_messages(path: str) -> tuple[list[dict], list[dict] | None]:
@@ -147,7 +112,7 @@ def run(
     from inferno.engine import Engine
     from inferno.frontend.pipeline import TextPipeline
 
-    source, executor = _load(target, device)
+    source, executor = _load(target, device, max_context, not no_cuda_graph)
     with Engine(executor, max_context=max_context, prefill_chunk=prefill_chunk) as engine:
         pipeline = TextPipeline.from_resources(
             engine, source.resources, source.identity, sampling_defaults=sampling, greedy=greedy
@@ -170,8 +135,7 @@ def _check_flags(device, prompt, messages, raw, max_new, max_context, prefill_ch
     """Flag errors before anything is loaded."""
     from inferno.engine import SamplingParams
 
-    if device not in DEVICES:
-        raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    check_device(device)
     if prompt is not None and messages is not None:
         raise UsageError("give either --prompt or --messages, not both")
     if raw and messages is not None:
@@ -180,28 +144,20 @@ def _check_flags(device, prompt, messages, raw, max_new, max_context, prefill_ch
         if value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
     SamplingParams(**{k: v for k, v in sampling.items() if v is not None})  # range errors
-    if device == "cuda":
-        raise NotBuiltError("the GPU executor is not built yet; use --device cpu (numpy reference) or auto")
 
 
-def _load(target: str | None, device: str):
+def _load(target: str | None, device: str, max_context: int, cuda_graph: bool):
     """Open the model (the demo when no target) and build its executor."""
-    from inferno.checkpoint.source import open_model
-    from inferno.model.reference import ReferenceExecutor
-
     if target is None:
         _log("no model given: running the built-in demo, a tiny model with RANDOM weights, so its text is gibberish")
         path = demo_model(_log)
     else:
         path = Path(target)
-    if device == "auto":
-        _log("the GPU executor is not built yet; using the numpy reference executor (fp32, slow)")
     t0 = time.perf_counter()
     _log(f"loading {path} ...")
-    source = open_model(path)
-    executor = ReferenceExecutor(source.config, source.weights)
-    _log(f"loaded {source.identity} in {time.perf_counter() - t0:.1f} s")
-    return source, executor
+    loaded = load_model(path, device, max_seqs=1, max_context=max_context, cuda_graph=cuda_graph, log=_log)
+    _log(f"loaded {loaded.source.identity} on the {loaded.kind} executor in {time.perf_counter() - t0:.1f} s")
+    return loaded.source, loaded.executor
 
 
 def _print_stream(stream):

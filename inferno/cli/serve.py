@@ -14,9 +14,8 @@ from typing import Optional
 
 import typer
 
-from inferno.errors import NotBuiltError, UsageError
-
-DEVICES = ("auto", "cpu", "cuda")
+from inferno.cli.common import check_device, demo_model, load_model
+from inferno.errors import UsageError
 
 
 def serve(
@@ -42,10 +41,7 @@ def serve(
     def log(msg: str) -> None:
         print(f"inferno: {msg}", file=sys.stderr, flush=True)
 
-    if device not in DEVICES:
-        raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if device == "cuda":
-        raise NotBuiltError("the GPU executor is not built yet; use --device cpu (numpy reference) or auto")
+    check_device(device)
     for flag, value, low, high in (
         ("--port", port, 0, 65535),
         ("--max-concurrency", max_concurrency, 1, 8),
@@ -64,23 +60,19 @@ def serve(
     sock = _listen(host, port)  # before loading: a taken port fails fast
     import uvicorn
 
-    from inferno.checkpoint.source import open_model
-    from inferno.cli.run import demo_model
-    from inferno.model.reference import ReferenceExecutor
     from inferno.server.app import create_app
     from inferno.server.service import build_deployment
 
     if target is None:
         log("no model given: serving the built-in demo, a tiny model with RANDOM weights, so its text is gibberish")
         path = demo_model(log)
+        model_id = model_id or "demo"
     else:
         path = Path(target)
-    if device == "auto":
-        log("the GPU executor is not built yet; using the numpy reference executor (fp32, slow)")
     t0 = time.perf_counter()
     log(f"loading {path} ...")
-    source = open_model(path)
-    executor = ReferenceExecutor(source.config, source.weights)
+    loaded = load_model(path, device, max_seqs=max_concurrency, max_context=max_context, cuda_graph=True, log=log)
+    source, executor = loaded.source, loaded.executor
     limit = source.config.max_position
     if max_context > limit:
         log(f"--max-context {max_context} is above the model's {limit} positions; using {limit}")
@@ -96,8 +88,10 @@ def serve(
         default_max_tokens=default_max_tokens,
         accept_any_model=accept_any_model,
         store_records=response_store,
+        executor_name=loaded.kind,
+        kv_dtype="bf16" if loaded.kind == "gpu" else "fp32",
     )
-    log(f"loaded {source.identity} in {time.perf_counter() - t0:.1f} s; serving it as {deployment.model_id!r}")
+    log(f"loaded {source.identity} on the {loaded.kind} executor in {time.perf_counter() - t0:.1f} s; serving it as {deployment.model_id!r}")
     app = create_app(deployment, api_key=api_key, max_request_bytes=int(max_request_mib * (1 << 20)), cors=cors or ())
     port = sock.getsockname()[1]
     log(f"listening on http://{host}:{port} (OpenAI: /v1/chat/completions, /v1/responses; Anthropic: /v1/messages)")
