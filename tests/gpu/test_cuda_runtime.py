@@ -566,7 +566,7 @@ def test_tma_bad_request_is_refused_before_the_driver(dev):
     buf = device_alloc(1 << 16, "t")
     try:
         with pytest.raises(LaunchError, match="multiples of 16"):
-            encode_tiled("bf16", buf.ptr, [100, 10], [200 + 8], [64, 8], swizzle=128)
+            encode_tiled("bf16", buf.ptr, [100, 10], [200], [64, 8], swizzle=128)  # 200 B: not a multiple of 16
     finally:
         buf.free()
 
