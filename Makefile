@@ -7,7 +7,7 @@ install:
 	$(PY) -m pip install -q -e '.[dev,kernels]'
 
 demo: install
-	inferno run --prompt "Tell me about fire."
+	inferno run --no-thinking --max-new 64 --prompt "Tell me about fire."
 
 test:
 	$(PY) -m pytest -q
