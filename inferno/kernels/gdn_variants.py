@@ -23,6 +23,7 @@ from inferno.cuda.launch import launch
 from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import TensorArg
 from inferno.kernels.manifest import eval_grid
+from inferno.kernels.launchers import _buf, _int
 from inferno.kernels.registry import Scalar, Tensor, Variant
 
 if TYPE_CHECKING:
@@ -67,26 +68,6 @@ GDN_VARIANTS: tuple[Variant, ...] = (
         summary="GDN decode step: gates + q/k l2norm + delta rule on the fp32 state + gated RMSNorm",
     ),
 )
-
-def _int(v: Any, what: str, kernel: str, lo: int = 1) -> int:
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise LaunchError(f"kernel {kernel}: {what} must be an int, got {type(v).__name__} {v!r}")
-    x = int(v.__index__())
-    if x < lo:
-        raise LaunchError(f"kernel {kernel}: {what} must be >= {lo}, got {x}")
-    return x
-
-
-def _buf(v: Any, what: str, kernel: str, need: int, align: int = 16) -> int:
-    """Address of a DeviceBuffer holding at least `need` bytes at an `align`-byte boundary."""
-    if not isinstance(v, DeviceBuffer):
-        raise LaunchError(f"kernel {kernel}: {what} must be a DeviceBuffer, got {type(v).__name__}")
-    if v.nbytes < need:
-        raise LaunchError(f"kernel {kernel}: {what} {v.name!r} has {v.nbytes} bytes, the call needs {need}")
-    if v.ptr % align:
-        raise LaunchError(f"kernel {kernel}: {what} {v.name!r} at 0x{v.ptr:x} is not {align}-byte aligned")
-    return v.ptr
-
 
 class _GdnLauncher:
     """A loaded GDN kernel: argument checks, packing by manifest symbol names, grid, launch."""

@@ -24,6 +24,7 @@ from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import TensorArg
 from inferno.kernels.kv_layout import HEAD_DIM, PAGE_TOKENS  # a key tile of the kernel = one page
 from inferno.kernels.manifest import eval_grid
+from inferno.kernels.launchers import _buf, _int
 from inferno.kernels.registry import Scalar, Tensor, Variant
 
 if TYPE_CHECKING:
@@ -102,26 +103,6 @@ def prefill_variant(name: str) -> Variant:
     if v is None:
         raise LaunchError(f"no prefill kernel variant {name!r}; names: {', '.join(_BY_NAME)}")
     return v
-
-
-def _int(v: Any, what: str, kernel: str, lo: int = 1) -> int:
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise LaunchError(f"kernel {kernel}: {what} must be an int, got {type(v).__name__} {v!r}")
-    x = int(v.__index__())
-    if x < lo:
-        raise LaunchError(f"kernel {kernel}: {what} must be >= {lo}, got {x}")
-    return x
-
-
-def _buf(v: Any, what: str, kernel: str, need: int, align: int = 16) -> int:
-    """Address of a DeviceBuffer holding at least `need` bytes at an `align`-byte boundary."""
-    if not isinstance(v, DeviceBuffer):
-        raise LaunchError(f"kernel {kernel}: {what} must be a DeviceBuffer, got {type(v).__name__}")
-    if v.nbytes < need:
-        raise LaunchError(f"kernel {kernel}: {what} {v.name!r} has {v.nbytes} bytes, the call needs {need}")
-    if v.ptr % align:
-        raise LaunchError(f"kernel {kernel}: {what} {v.name!r} at 0x{v.ptr:x} is not {align}-byte aligned")
-    return v.ptr
 
 
 class _PrefillLauncher:
