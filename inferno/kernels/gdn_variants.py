@@ -69,6 +69,7 @@ GDN_VARIANTS: tuple[Variant, ...] = (
     ),
 )
 
+
 class _GdnLauncher:
     """A loaded GDN kernel: argument checks, packing by manifest symbol names, grid, launch."""
 
