@@ -126,7 +126,7 @@ def test_gpu_contexts_that_do_not_fit_are_skipped_longest_first(monkeypatch, art
         cuda_graph = True
         device = Gpu()
 
-        def __init__(self, path, *, max_seqs, max_context, cuda_graph):
+        def __init__(self, path, *, max_seqs, max_context, cuda_graph, prefill_chunk):
             made.append(max_context)
             if max_context > 5000:
                 raise OutOfMemoryError(f"needs more for {max_context}", name="gpu executor", requested=1, used=0,

@@ -68,7 +68,8 @@ def artifact(tmp_path_factory):
 def dry(artifact, tmp_path_factory):
     """A GpuExecutor on DryOps, and the list of its launches (kernel name, grid)."""
     from inferno.cuda.params import PackedParams, ParamLayout, ParamSpec
-    from inferno.kernels import attn_variants, cache, gdn_variants, gemv_variants, launchers, sample_variants
+    from inferno.kernels import (attn_variants, cache, gdn_variants, gemv_variants, launchers, prefill_variants,
+                                 sample_variants)
     from inferno.kernels.manifest import Manifest
     from inferno.model.gpu import GpuExecutor
     from inferno.model.gpu.residency import gemv_kinds
@@ -100,8 +101,9 @@ def dry(artifact, tmp_path_factory):
         real = attn_variants.decode_variant
         mp.setattr(attn_variants, "decode_variant", lambda hq, hkv: extra if hq == 2 * hkv else real(hq, hkv))
     mp.setattr(cache, "load", load)
-    for mod in (launchers, gdn_variants, gemv_variants, sample_variants):
+    for mod in (launchers, gdn_variants, gemv_variants, sample_variants, prefill_variants):
         mp.setattr(mod, "launch", record)
+    mp.setattr(launchers.Gemm, "_tma", lambda self, p, ptr, rows, cols: bytes(p.size))  # no driver here
 
     def make_ops(self, config, device, emulate):
         ops = DryOps(self.plan.arena_bytes, config, config.n_heads // config.n_kv_heads)
@@ -129,7 +131,7 @@ def test_every_decode_launch_passes_the_launchers(dry):
         launches.clear()
         ex.step(5, s)
         names = [n for n, _ in launches]
-        per_gdn = ["rmsnorm", "gemv", "gemv", "gemm", "gdn_conv", "gdn_step", "gemv", "rmsnorm", "gemv", "gemv"]
+        per_gdn = ["rmsnorm", "gemv", "gemv", "gemv_bf16", "gdn_conv", "gdn_step", "gemv", "rmsnorm", "gemv", "gemv"]
         per_attn = ["rmsnorm", "gemv", "gemv", "attn_qk_prep", "attn_decode", "attn_combine", "gemv", "rmsnorm",
                     "gemv", "gemv"]
         want = ["embedding"]

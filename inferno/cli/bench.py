@@ -122,7 +122,8 @@ def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool) -> _Loaded
     _log(f"loading {path} on the GPU ...")
     while True:
         try:
-            executor = GpuExecutor(path, max_seqs=1, max_context=settings.max_tokens, cuda_graph=cuda_graph)
+            executor = GpuExecutor(path, max_seqs=1, max_context=settings.max_tokens, cuda_graph=cuda_graph,
+                                   prefill_chunk=settings.prefill_chunk)
             break
         except OutOfMemoryError as e:
             longest = max(settings.cases)

@@ -63,7 +63,8 @@ class Loaded:
     kind: str
 
 
-def load_model(path: Path, device: str, *, max_seqs: int, max_context: int, cuda_graph: bool, log: Log) -> Loaded:
+def load_model(path: Path, device: str, *, max_seqs: int, max_context: int, cuda_graph: bool, log: Log,
+               prefill_chunk: int = 1024) -> Loaded:
     """Open `path` and build its executor for `device` (auto | cpu | cuda).
 
     auto takes the GPU executor when a GPU is visible and the model is a `.ninfer` artifact it
@@ -82,7 +83,8 @@ def load_model(path: Path, device: str, *, max_seqs: int, max_context: int, cuda
             from inferno.model.gpu import GpuExecutor
 
             try:
-                executor = GpuExecutor(path, max_seqs=max_seqs, max_context=max_context, cuda_graph=cuda_graph)
+                executor = GpuExecutor(path, max_seqs=max_seqs, max_context=max_context, cuda_graph=cuda_graph,
+                                       prefill_chunk=prefill_chunk)
                 return Loaded(source, executor, "gpu")
             except NotBuiltError as e:
                 if device == "cuda":

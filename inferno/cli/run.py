@@ -112,7 +112,7 @@ def run(
     from inferno.engine import Engine
     from inferno.frontend.pipeline import TextPipeline
 
-    source, executor = _load(target, device, max_context, not no_cuda_graph)
+    source, executor = _load(target, device, max_context, not no_cuda_graph, prefill_chunk)
     with Engine(executor, max_context=max_context, prefill_chunk=prefill_chunk) as engine:
         pipeline = TextPipeline.from_resources(
             engine, source.resources, source.identity, sampling_defaults=sampling, greedy=greedy
@@ -146,7 +146,7 @@ def _check_flags(device, prompt, messages, raw, max_new, max_context, prefill_ch
     SamplingParams(**{k: v for k, v in sampling.items() if v is not None})  # range errors
 
 
-def _load(target: str | None, device: str, max_context: int, cuda_graph: bool):
+def _load(target: str | None, device: str, max_context: int, cuda_graph: bool, prefill_chunk: int):
     """Open the model (the demo when no target) and build its executor."""
     if target is None:
         _log("no model given: running the built-in demo, a tiny model with RANDOM weights, so its text is gibberish")
@@ -155,7 +155,8 @@ def _load(target: str | None, device: str, max_context: int, cuda_graph: bool):
         path = Path(target)
     t0 = time.perf_counter()
     _log(f"loading {path} ...")
-    loaded = load_model(path, device, max_seqs=1, max_context=max_context, cuda_graph=cuda_graph, log=_log)
+    loaded = load_model(path, device, max_seqs=1, max_context=max_context, cuda_graph=cuda_graph, log=_log,
+                        prefill_chunk=prefill_chunk)
     _log(f"loaded {loaded.source.identity} on the {loaded.kind} executor in {time.perf_counter() - t0:.1f} s")
     return loaded.source, loaded.executor
 

@@ -5,7 +5,7 @@ table) and their typed launchers. See docs/kernels-prefill.md.
   dequant_<q4|q5|q6|w8>  w int32 [WL] (the whole `row-split-k128-v1` payload of W [N, K];
   dequant_nvfp4          `blockscale-k16-m128x4-v1` for NVFP4, N % 128 == 0, K % 64 == 0)
                          -> out bf16 [M, K] = rows [n0, n0 + M) of W (row stride out_stride)
-  attn_prefill_g<6|8>    q, gate bf16 [T, Hq, 256] (strides q_stride/q_hstride, ...; q fp32 in
+  attn_prefill_g<2|6|8>  q, gate bf16 [T, Hq, 256] (strides q_stride/q_hstride, ...; q fp32 in
                          the _qf32 variants, as the decode prep kernel writes it), the paged
                          KV pool [rows, 256] (inferno/kernels/kv_layout.py) with an int32 page
                          table, prefix length P -> out bf16 [T, Hq, 256] (row stride out_stride)
@@ -42,7 +42,7 @@ FORMATS = {  # format -> (short name, bits, group)
     "W8G32_F16S": ("w8", 8, 32),
 }
 DEQUANT_FORMATS = {**{f: f"dequant_{short}" for f, (short, _, _) in FORMATS.items()}, "NVFP4": "dequant_nvfp4"}
-GQA_GROUPS = (6, 8)  # Hq / Hkv: 27B, 35B-A3B
+GQA_GROUPS = (2, 6, 8)  # Hq / Hkv: tiny test models (4 : 2), 27B, 35B-A3B
 
 
 def _dequant(fmt: str) -> Variant:

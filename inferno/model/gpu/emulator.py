@@ -3,7 +3,7 @@
 Device buffers are ranges of one host byte array at fake addresses, and each operation does
 what its kernel's docstring says, with the kernel's storage dtypes (bf16 activations, bf16 conv
 state and KV cache, fp32 recurrent state) and fp32 math. Running the executor's real launch
-sequence on it checks the wiring (buffer offsets, fused row orders, page tables, state slots)
+sequences on it (decode, and prefill.py's chunks) checks the wiring (buffer offsets, fused row orders, page tables, state slots)
 against the reference executor without a GPU; kernel numerics are the kernels' own tests' job.
 """
 
@@ -147,31 +147,14 @@ class EmulatedOps:
         self.launches += 1
         slot = int(self._get(slots, np.int32, 1)[0])
         assert 0 <= slot < n_slots
-        dk = dv = 128
-        kw = k_heads * dk
-        mixed = self._get(qkv, bfloat16, 2 * kw + v_heads * dv)
-        q = mixed[:kw].reshape(k_heads, dk)
-        k = mixed[kw:2 * kw].reshape(k_heads, dk)
-        v = mixed[2 * kw:].reshape(v_heads, dv)
-        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + np.float32(1e-6)) * np.float32(dk ** -0.5)
-        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + np.float32(1e-6))
-        group = v_heads // k_heads
-        g = -np.exp(self._get(a_log, np.float32, v_heads)) * softplus(
-            self._get(a, bfloat16, v_heads) + self._get(dt_bias, np.float32, v_heads))
-        beta = sigmoid(self._get(b, bfloat16, v_heads))
-        size = v_heads * dk * dv
-        s = self._get(state, np.float32, size, slot * size).reshape(v_heads, dk, dv)
-        o = np.empty((v_heads, dv), np.float32)
-        for j in range(v_heads):
-            qj, kj = q[j // group], k[j // group]
-            sj = s[j] * np.exp(g[j])
-            u = beta[j] * (v[j] - kj @ sj)
-            s[j] = sj + np.outer(kj, u)
-            o[j] = qj @ s[j]
+        mixed = self._get(qkv, bfloat16, 2 * k_heads * 128 + v_heads * 128)
+        size = v_heads * 128 * 128
+        s = self._get(state, np.float32, size, slot * size).reshape(v_heads, 128, 128)
+        normed = _gdn_token(mixed, self._get(z, bfloat16, v_heads * 128), self._get(a, bfloat16, v_heads),
+                            self._get(b, bfloat16, v_heads), self._get(a_log, np.float32, v_heads),
+                            self._get(dt_bias, np.float32, v_heads), self._get(norm_w, bfloat16, 128), s, k_heads,
+                            v_heads, eps)
         self._put(state, s, np.float32, slot * size)
-        zv = self._get(z, bfloat16, v_heads * dv).reshape(v_heads, dv)
-        w = self._get(norm_w, bfloat16, dv)
-        normed = o / np.sqrt((o * o).mean(-1, keepdims=True) + np.float32(eps)) * w * silu(zv)
         self._put(out, normed)
 
     def attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g: AttnGeometry) -> None:
@@ -216,6 +199,118 @@ class EmulatedOps:
         gate = self._get(qg, bfloat16, 2 * hq * d).reshape(hq, 2 * d)[:, d:]
         self._put(out, o * sigmoid(gate))
 
+    # ---- prefill kernels (inferno/model/gpu/prefill.py PrefillOps): T rows of one sequence -------------
+    def _rows_of(self, buf: DeviceBuffer, dtype: Any, rows: int, width: int, stride: int) -> np.ndarray:
+        """`rows` rows of `width` values `stride` elements apart, as fp32 [rows, width]."""
+        flat = self._get(buf, dtype, (rows - 1) * stride + width)
+        return np.stack([flat[r * stride:r * stride + width] for r in range(rows)])
+
+    def embed_rows(self, ids, table, out, tokens, vocab, hidden) -> None:
+        self.launches += 1
+        rows = self._get(ids, np.int32, tokens)
+        assert ((rows >= 0) & (rows < vocab)).all(), f"token ids {rows} outside the table"
+        t = self._get(table, bfloat16, vocab * hidden).reshape(vocab, hidden)
+        self._put(out, t[rows])
+
+    def rmsnorm_rows(self, x, w, y, rows, n, eps) -> None:
+        self.launches += 1
+        self._put(y, rms_norm(self._get(x, bfloat16, rows * n).reshape(rows, n), self._get(w, bfloat16, n), eps))
+
+    def add_rmsnorm_rows(self, x, r, w, y, h, rows, n, eps) -> None:
+        self.launches += 1
+        hv = (self._get(x, bfloat16, rows * n) + self._get(r, bfloat16, rows * n)).reshape(rows, n)
+        self._put(h, hv)
+        self._put(y, rms_norm(hv.astype(bfloat16).astype(np.float32), self._get(w, bfloat16, n), eps))
+
+    def dequant(self, fmt, w, out, n, k) -> None:
+        self.launches += 1
+        self._put(out, self._weights(fmt, w, n, k))
+
+    def gemm(self, a, b, c, m, n, k) -> None:
+        self.launches += 1
+        am = self._get(a, bfloat16, m * k).reshape(m, k)
+        self._put(c, am @ self._get(b, bfloat16, n * k).reshape(n, k).T)
+
+    def silu_mul(self, gu, out, rows, inter) -> None:
+        self.launches += 1
+        g = self._get(gu, bfloat16, rows * 2 * inter).reshape(rows, 2 * inter)
+        self._put(out, silu(g[:, :inter]) * g[:, inter:])
+
+    def gdn_conv_rows(self, x, conv_state, conv_w, out, tokens, channels, n_slots, slot, x_stride) -> None:
+        self.launches += 1
+        assert 0 <= slot < n_slots
+        taps = conv_state.nbytes // (n_slots * channels * 2)
+        xs = self._rows_of(x, bfloat16, tokens, channels, x_stride)
+        st = self._get(conv_state, bfloat16, taps * channels, slot * taps * channels).reshape(taps, channels)
+        w = self._get(conv_w, bfloat16, (taps + 1) * channels).reshape(taps + 1, channels)
+        window = np.concatenate([st, xs])  # [taps + T, channels]
+        y = sum(w[j] * window[j:j + tokens] for j in range(taps + 1))
+        self._put(out, silu(y))
+        self._put(conv_state, window[-taps:], offset=slot * taps * channels)
+
+    def gdn_chunk(self, qkv, z, a, b, a_log, dt_bias, norm_w, state, out, tokens, k_heads, v_heads, n_slots, slot,
+                  eps, z_stride, ab_stride) -> None:
+        self.launches += 1
+        assert 0 <= slot < n_slots
+        cq, zw = 2 * k_heads * 128 + v_heads * 128, v_heads * 128
+        mixed = self._get(qkv, bfloat16, tokens * cq).reshape(tokens, cq)
+        zs = self._rows_of(z, bfloat16, tokens, zw, z_stride)
+        av = self._rows_of(a, bfloat16, tokens, v_heads, ab_stride)
+        bv = self._rows_of(b, bfloat16, tokens, v_heads, ab_stride)
+        a_log_v, dt, nw = (self._get(a_log, np.float32, v_heads), self._get(dt_bias, np.float32, v_heads),
+                           self._get(norm_w, bfloat16, 128))
+        size = v_heads * 128 * 128
+        s = self._get(state, np.float32, size, slot * size).reshape(v_heads, 128, 128)
+        o = np.stack([_gdn_token(mixed[t], zs[t], av[t], bv[t], a_log_v, dt, nw, s, k_heads, v_heads, eps)
+                      for t in range(tokens)])
+        self._put(state, s, np.float32, slot * size)
+        self._put(out, o)
+
+    def attn_prep_rows(self, qg, k, v, q_norm, k_norm, positions, lens, tables, kv, q, g: AttnGeometry,
+                       tokens) -> None:
+        """The decode prep over `tokens` batch lanes, each with a one-entry page table."""
+        self.launches += 1
+        d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
+        pos = self._get(positions, np.int32, tokens)
+        rows = self._get(lens, np.int32, tokens) - 1
+        pages = self._get(tables, np.int32, tokens)
+        qn, kn = self._get(q_norm, bfloat16, d), self._get(k_norm, bfloat16, d)
+        qh = self._get(qg, bfloat16, tokens * 2 * hq * d).reshape(tokens, hq, 2 * d)[:, :, :d]
+        kh = self._get(k, bfloat16, tokens * hkv * d).reshape(tokens, hkv, d)
+        vh = self._get(v, bfloat16, tokens * hkv * d).reshape(tokens, hkv, d)
+        out = np.empty((tokens, hq, d), np.float32)
+        for t in range(tokens):
+            cos, sin = _rope(g, int(pos[t]))
+            out[t] = apply_rope(rms_norm(qh[t], qn, g.eps)[None], cos, sin)[0]
+            kt = apply_rope(rms_norm(kh[t], kn, g.eps)[None], cos, sin)[0]
+            page, slot = int(pages[t]), int(rows[t])
+            assert 0 <= page < g.n_pages and 0 <= slot < PAGE, f"token {t}: page {page} row {slot} outside the pool"
+            for kvi, data in ((0, kt), (1, vh[t])):
+                for head in range(hkv):
+                    self._put(kv, data[head], offset=(((page * 2 + kvi) * hkv + head) * PAGE + slot) * d)
+        self._put(q, out, np.float32)
+
+    def attn_prefill(self, q, gate, kv, pages, out, tokens, prefix, g: AttnGeometry) -> None:
+        self.launches += 1
+        d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
+        length = prefix + tokens
+        table = self._get(pages, np.int32, -(-length // PAGE))
+        pool = self._get(kv, bfloat16, g.n_pages * 2 * hkv * PAGE * d).reshape(g.n_pages, 2, hkv, PAGE, d)
+        cache = pool[table]  # [pages, 2, hkv, PAGE, d]
+        keys = cache[:, 0].transpose(1, 0, 2, 3).reshape(hkv, -1, d)[:, :length]
+        values = cache[:, 1].transpose(1, 0, 2, 3).reshape(hkv, -1, d)[:, :length]
+        qh = self._get(q, np.float32, tokens * hq * d).reshape(tokens, hq, d)
+        gates = self._get(gate, bfloat16, tokens * hq * d).reshape(tokens, hq, d)
+        group = hq // hkv
+        causal = np.arange(length)[None, :] <= prefix + np.arange(tokens)[:, None]  # [tokens, length]
+        o = np.empty((tokens, hq, d), np.float32)
+        for h in range(hq):
+            scores = qh[:, h] @ keys[h // group].T * np.float32(d ** -0.5)
+            scores = np.where(causal, scores, -np.inf)
+            p = np.exp(scores - scores.max(axis=1, keepdims=True))
+            o[:, h] = (p / p.sum(axis=1, keepdims=True)) @ values[h // group]
+        self._put(out, o * sigmoid(gates))
+
     def argmax(self, x, out, n) -> None:
         self.launches += 1
         self._put(out, np.array([np.argmax(self._get(x, bfloat16, n))], np.int32), np.int32)
@@ -230,3 +325,29 @@ def _rope(g: AttnGeometry, position: int) -> tuple[np.ndarray, np.ndarray]:
     inv = 1.0 / g.rope_theta ** (np.arange(half, dtype=np.float64) * 2.0 / g.rotary_dim)
     ang = np.concatenate([position * inv, position * inv])[None]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def _gdn_token(mixed: np.ndarray, z: np.ndarray, a: np.ndarray, b: np.ndarray, a_log: np.ndarray,
+               dt_bias: np.ndarray, norm_w: np.ndarray, s: np.ndarray, k_heads: int, v_heads: int,
+               eps: float) -> np.ndarray:
+    """One token of the fused GDN step: gates, q/k l2norm, delta rule on the fp32 state `s`
+    [Hv, dk, dv] (updated in place), gated RMSNorm; returns the output [Hv * dv]."""
+    dk = dv = 128
+    kw = k_heads * dk
+    q = mixed[:kw].reshape(k_heads, dk)
+    k = mixed[kw:2 * kw].reshape(k_heads, dk)
+    v = mixed[2 * kw:].reshape(v_heads, dv)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + np.float32(1e-6)) * np.float32(dk ** -0.5)
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + np.float32(1e-6))
+    group = v_heads // k_heads
+    g = -np.exp(a_log) * softplus(a + dt_bias)
+    beta = sigmoid(b)
+    o = np.empty((v_heads, dv), np.float32)
+    for j in range(v_heads):
+        qj, kj = q[j // group], k[j // group]
+        sj = s[j] * np.exp(g[j])
+        u = beta[j] * (v[j] - kj @ sj)
+        s[j] = sj + np.outer(kj, u)
+        o[j] = qj @ s[j]
+    zv = z.reshape(v_heads, dv)
+    return (o / np.sqrt((o * o).mean(-1, keepdims=True) + np.float32(eps)) * norm_w * silu(zv)).reshape(-1)

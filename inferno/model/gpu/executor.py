@@ -2,11 +2,12 @@
 
 First version: batch-1 decode. `step` runs one token through the decode launch sequence
 (layers.py), replayed from a CUDA graph captured at start-up (`cuda_graph=False`: launched
-eagerly). `prefill` feeds the prompt token by token through the same decode path — correct but
-slow (one graph replay per prompt token); chunked prefill kernels (GEMM, chunked GDN, flash
-attention) come later. Logits come back as bf16 from the head GEMV and are returned as fp32
-`[vocab]`. All device memory (weights, KV pages, GDN state slots, workspace) is reserved once
-when the executor is made, so generating never allocates; `close()` frees it.
+eagerly). `prefill` runs the prompt in chunks of up to `prefill_chunk` tokens through the prefill
+launch sequence (prefill.py: dequant + GEMM, chunked GDN, flash attention; eager launches), then
+the decode head; a lone token goes through the decode path. Logits come back as bf16 from the
+head GEMV and are returned as fp32 `[vocab]`. All device memory (weights, KV pages, GDN state
+slots, workspace, prefill buffers) is reserved once when the executor is made, so generating never
+allocates; `close()` frees it.
 """
 
 from __future__ import annotations
@@ -16,18 +17,24 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from ml_dtypes import bfloat16
 
+from inferno.bench.accounting import StateDtypes
 from inferno.cuda.errors import OutOfMemoryError
 from inferno.errors import UsageError
 from inferno.model.config import ModelConfig
 from inferno.model.executor import State
 from inferno.model.gpu.layers import DecodeProgram
+from inferno.model.gpu.prefill import CudaPrefillOps, PrefillProgram, prefill_formats
 from inferno.model.gpu.residency import STEP_HEADER, ResidencyPlan, gemv_kinds, plan_residency
 from inferno.model.gpu.state import DeviceStates, GpuState
 from inferno.model.gpu.weights import upload_weights
+
+if TYPE_CHECKING:
+    from inferno.bench.profile import KernelTime
 
 RING = 64  # step-input records in flight before the host waits (prefill queues tokens without waiting)
 
@@ -51,7 +58,7 @@ class GpuExecutor:
     """
 
     def __init__(self, path: str | Path, *, max_seqs: int = 4, max_context: int = 4096, cuda_graph: bool = True,
-                 device: int = 0, emulate: bool = False, progress: bool = True):
+                 device: int = 0, emulate: bool = False, progress: bool = True, prefill_chunk: int = 1024):
         from inferno.artifact import open_checked
 
         artifact, spec, config, expected = open_checked(path)
@@ -64,12 +71,15 @@ class GpuExecutor:
         self._pinned: tuple = ()
         inventory = {e.name: e for e in expected}
         try:
-            self.plan: ResidencyPlan = plan_residency(config, inventory, max_seqs, max_context, spec.plan)
+            self.plan: ResidencyPlan = plan_residency(config, inventory, max_seqs, max_context, spec.plan,
+                                                      prefill_chunk)
             self.ops = self._make_ops(config, device, emulate)
             self.weights = upload_weights(self.ops, artifact, inventory, self.plan, progress)
             artifact.close()
             self.states = DeviceStates(self.ops, config, self.plan)
             self.program = DecodeProgram(self.ops, config, self.weights, self.states, self.plan)
+            self.prefill_program = PrefillProgram(self.ops, self._prefill_ops(emulate), config, self.weights,
+                                                  self.states, self.plan, self.program.attn, self.program.ws)
             self._ring, self._logits = self._host_buffers(emulate)
             self._pending = 0
             self.cuda_graph = cuda_graph and not emulate
@@ -103,6 +113,11 @@ class GpuExecutor:
         ops = CudaOps(self._device, self.plan.arena_bytes, config, group)
         ops.preload_gemv(gemv_kinds(self.plan.placements))
         return ops
+
+    def _prefill_ops(self, emulate: bool):
+        if emulate:
+            return self.ops  # EmulatedOps models the prefill kernels too
+        return CudaPrefillOps(self.ops, self.config, prefill_formats(self.plan))
 
     def _host_buffers(self, emulate: bool) -> tuple[np.ndarray, np.ndarray]:
         words, vocab = self.program.step_words, self.config.vocab
@@ -148,14 +163,12 @@ class GpuExecutor:
             return self.states.new()
 
     def prefill(self, tokens: Sequence[int], state: State) -> np.ndarray:
-        """Append `tokens` (fed one by one through the decode path); logits of the last, fp32 `[vocab]`."""
+        """Append `tokens` (in chunks of up to `prefill_chunk`); logits of the last, fp32 `[vocab]`."""
         ids = self._token_ids(tokens)
         with self._lock:
             self._enter()
             st = self._check_state(state)
-            self.states.reserve(st, st.position + len(ids))
-            for t in ids:
-                self._run(int(t), st)
+            self._append(ids, st)
             return self._read_logits()
 
     def step(self, token: int, state: State) -> np.ndarray:
@@ -171,9 +184,7 @@ class GpuExecutor:
         with self._lock:
             self._enter()
             st = self._check_state(state)
-            self.states.reserve(st, st.position + len(ids))
-            for t in ids:
-                self._run(int(t), st)
+            self._append(ids, st)
             return self._read_greedy()
 
     def step_greedy(self, token: int, state: State) -> int:
@@ -197,6 +208,24 @@ class GpuExecutor:
         return self._device
 
     # ---- diagnostics -------------------------------------------------------------------------------
+    state_dtypes = StateDtypes(kv="bf16", conv="bf16", recurrent="fp32")  # how a sequence's state is stored
+
+    def profile_step(self, token: int, state: State) -> list[KernelTime]:
+        """`step`, run eagerly with CUDA events around every launch: per-kernel times (profile.py)."""
+        from inferno.model.gpu.profile import profile
+
+        with self._lock:
+            self._enter()  # the device's context is current for the timer's events
+            return profile(self, lambda: self.step(token, state))
+
+    def profile_prefill(self, tokens: Sequence[int], state: State) -> list[KernelTime]:
+        """`prefill` of one chunk, run eagerly with CUDA events around every launch: per-kernel times."""
+        from inferno.model.gpu.profile import profile
+
+        with self._lock:
+            self._enter()  # the device's context is current for the timer's events
+            return profile(self, lambda: self.prefill(tokens, state))
+
     def trace_step(self, token: int, state: State) -> StepTrace:
         """Run one token eagerly, keeping every layer's mixer output and residual stream (fp32)."""
         ids = self._token_ids([token])
@@ -260,6 +289,40 @@ class GpuExecutor:
         rec[STEP_HEADER:STEP_HEADER + len(st.pages)] = st.pages
         self.ops.write(self.program.step_buffer, rec)
 
+    def _append(self, ids: np.ndarray, st: GpuState) -> None:
+        """Queue `ids` on the sequence: chunks of the prefill program, a lone token through the decode path
+        (either way the last token's final norm ends in the decode workspace, for the head)."""
+        self.states.reserve(st, st.position + len(ids))
+        chunk = self.plan.prefill_chunk
+        for i in range(0, len(ids), chunk):
+            part = ids[i:i + chunk]
+            if len(part) == 1:
+                self._run(int(part[0]), st)
+            else:
+                self.prefill_program.run(part, st)
+
+    def trace_prefill(self, tokens: Sequence[int], state: State) -> StepTrace:
+        """Run `tokens` (at most `prefill_chunk`) as one prefill chunk, keeping every layer's mixer output
+        and residual stream of the last token (fp32), and the logits (debugging)."""
+        ids = self._token_ids(tokens)
+        if len(ids) > self.plan.prefill_chunk:
+            raise UsageError(f"trace_prefill takes at most {self.plan.prefill_chunk} tokens, got {len(ids)}")
+        out = StepTrace([], [], np.zeros(0, np.float32))
+        buf, c, last = self.prefill_program.buf, self.config, len(ids) - 1
+
+        def grab(i: int) -> None:
+            width = self.program.mixer_width(i)
+            out.mixer.append(self._download_bf16(buf["mix_out"], (last + 1) * width)[last * width:])
+            out.residual.append(self._download_bf16(buf["x"], (last + 1) * c.hidden)[last * c.hidden:])
+
+        with self._lock:
+            self._enter()
+            st = self._check_state(state)
+            self.states.reserve(st, st.position + len(ids))
+            self.prefill_program.run(ids, st, trace=grab)
+            out.logits = self._read_logits(graph=False)
+            return out
+
     def _run(self, token: int, st: GpuState) -> None:
         self._write_step(token, st)
         if self.cuda_graph:
@@ -276,6 +339,7 @@ class GpuExecutor:
         self.ops.read(self._logits, self.program.ws["logits"])
         self.ops.synchronize()
         self._pending = 0
+        self.prefill_program.synchronized()
         return self._logits.view(bfloat16).astype(np.float32)
 
     def _read_greedy(self) -> int:
@@ -287,6 +351,7 @@ class GpuExecutor:
         self.ops.read(self._token, self.program.ws["argmax"])
         self.ops.synchronize()
         self._pending = 0
+        self.prefill_program.synchronized()
         if self.cuda_graph and not replay:
             self._capture_one("greedy", self._greedy_launches)
         return int(self._token[0])

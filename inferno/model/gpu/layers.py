@@ -4,7 +4,7 @@ Per layer, with x the residual stream (bf16) and `normed` the norm output:
 
     normed = rmsnorm(x, input_norm)
     GDN:   [q|k] = Wqk normed; [v|z] = Wvz normed (one buffer: q|k|v is the conv input, z after it)
-           [a|b] = Wab normed (bf16 GEMM); conv + SiLU (conv state of the slot); fused GDN step
+           [a|b] = Wab normed (bf16 GEMV); conv + SiLU (conv state of the slot); fused GDN step
            (gates, l2norm, delta rule on the fp32 state of the slot, gated RMSNorm) -> mix_out
     attn:  [q|k] = Wqk normed; [gate|v] = Wgv normed; q and gate interleaved per head into qg
            (the kernels' layout); q/k norm + RoPE + K/V append to the paged cache; split-K

@@ -89,6 +89,8 @@ class CudaOps:
     def _resolve(self, config: ModelConfig, attn_group: int | None) -> None:
         from inferno.kernels import launchers as L
         from inferno.kernels.cache import load
+        from inferno.kernels.gemv_bf16_variants import GemvBf16
+        from inferno.kernels.gemv_bf16_variants import variant_name as bf16_gemv_name
         from inferno.kernels.registry import get, variants
 
         dev = self.device
@@ -101,7 +103,7 @@ class CudaOps:
             raise _missing(f"rmsnorm for width {config.hidden}", "inferno/kernels/registry.py", "has no variant that wide")
         self._rmsnorm = L.RMSNorm(load(fit[0], dev))
         self._embedding = L.Embedding(load(get("embedding"), dev))
-        self._gemm = L.Gemm(load(get("gemm_simt"), dev))
+        self._gemv_bf16 = GemvBf16(load(get(bf16_gemv_name(1)), dev))
         self._gemv: dict[str, Any] = {}
         self._argmax: Any = None  # loaded on first greedy use (optional)
         if config.gdn_layers:
@@ -209,7 +211,7 @@ class CudaOps:
         self._gemv_launcher(fmt, epilogue)(w, x, y, n, k, 1, r=r, stream=self.stream)
 
     def linear_bf16(self, x, w, y, n, k) -> None:
-        self._gemm(x, w, y, 1, n, k, stream=self.stream)
+        self._gemv_bf16(w, x, y, n, k, 1, stream=self.stream)
 
     def gdn_conv(self, x, conv_state, conv_w, slots, out, channels, n_slots) -> None:
         self._gdn_conv(x, conv_state, conv_w, slots, out, 1, channels, n_slots, stream=self.stream)

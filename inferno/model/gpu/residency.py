@@ -9,7 +9,7 @@ and which flag helps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inferno.artifact.identities import ExpectedTensor
 from inferno.cuda.errors import OutOfMemoryError
@@ -22,6 +22,7 @@ ALIGN = 256  # arena reservation alignment (cuMemAlloc granularity)
 PAGE_TOKENS = 64  # tokens per KV page
 HEADROOM = 256 * 2**20  # device memory left free for the driver, cubins and graphs
 BF16, FP32, I32 = 2, 4, 4
+MAX_PREFILL_CHUNK = 65535  # tokens per prefill chunk (the row kernels' grid limit)
 STEP_HEADER = 4  # int32 words before the page table in the step buffer: token, position, slot, length
 
 # How a weight is stored on the device:
@@ -154,6 +155,45 @@ def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int) -> d
     }
 
 
+PREFILL_DEQUANT = ("gdn/query_key", "gdn/value_z", "gdn/output", "attention/query_key", "attention/gate_value",
+                   "attention/output", "mlp/gate_up", "mlp/down")  # matrices prefill multiplies as bf16 GEMMs
+
+
+def prefill_buffers(config: ModelConfig, chunk: int, placements: tuple[Placement, ...],
+                    pages_per_seq: int) -> dict[str, int]:
+    """The activation buffers of one prefill chunk of `chunk` tokens (inferno/model/gpu/prefill.py),
+    name -> bytes; 'weight' is the bf16 scratch a quantized matrix is dequantized into before its
+    GEMM (the largest one; a GDN layer's query_key and value_z share it as one [q|k|v|z] matrix)."""
+    c, t = config, chunk
+    q_width, kv_width = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    shape = {p.name: p.shape for p in placements}
+    sizes = [p.shape[0] * p.shape[1] for p in placements if p.fmt != "BF16" and p.name.endswith(PREFILL_DEQUANT)]
+    for i in c.gdn_layers:  # both halves go to the scratch, whatever their format
+        qk, vz = (shape[f"text/layers/{i}/gdn/{n}"] for n in ("query_key", "value_z"))
+        sizes.append((qk[0] + vz[0]) * qk[1])
+    attn = bool(c.attention_layers)
+    return {
+        "inputs": (4 * t + pages_per_seq) * I32,  # ids, positions, KV rows, KV pages of the chunk; page table
+        "x": t * c.hidden * BF16,
+        "x_mid": t * c.hidden * BF16,
+        "normed": t * c.hidden * BF16,
+        "proj": t * c.hidden * BF16,  # output projection / down GEMM result before the residual add
+        "mix_in": t * (c.conv_dim + c.gdn_value_width) * BF16 if c.gdn_layers else ALIGN,  # GDN q|k|v|z
+        "ab": t * 2 * c.gdn_v_heads * BF16 if c.gdn_layers else ALIGN,
+        "conv_out": t * c.conv_dim * BF16 if c.gdn_layers else ALIGN,
+        "mix_out": t * max(c.gdn_value_width if c.gdn_layers else 0, q_width if attn else 0) * BF16,
+        "q": t * q_width * BF16 if attn else ALIGN,  # attention: q, k, gate, v projections
+        "k": t * kv_width * BF16 if attn else ALIGN,
+        "gate": t * q_width * BF16 if attn else ALIGN,
+        "v": t * kv_width * BF16 if attn else ALIGN,
+        "qg": t * 2 * q_width * BF16 if attn else ALIGN,  # q per head in the prep kernel's [q | gate] layout
+        "q32": t * q_width * FP32 if attn else ALIGN,  # q after norm + RoPE (fp32)
+        "gate_up": t * 2 * c.intermediate * BF16,
+        "act": t * c.intermediate * BF16,
+        "weight": max(sizes, default=0) * BF16 or ALIGN,
+    }
+
+
 def attn_splits(max_context: int, n_kv_heads: int) -> int:
     """Split-K partitions of decode attention: fixed for the executor's life (one captured graph
     serves every length; unused splits exit at once), by the attention kernels' own rule."""
@@ -172,6 +212,8 @@ class ResidencyPlan:
     gdn: GdnSizing
     workspace: dict[str, int]
     attn_splits: int  # split-K partitions of decode attention
+    prefill_chunk: int = 0  # tokens per prefill chunk (0: no prefill buffers)
+    prefill: dict[str, int] = field(default_factory=dict)  # prefill activation buffers (prefill_buffers)
 
     @property
     def weight_bytes(self) -> int:
@@ -186,14 +228,19 @@ class ResidencyPlan:
         return sum(align_up(n) for n in self.workspace.values())
 
     @property
+    def prefill_bytes(self) -> int:
+        return sum(align_up(n) for n in self.prefill.values())
+
+    @property
     def arena_bytes(self) -> int:
         """The device arena's capacity: every reservation rounded up to ALIGN."""
-        return self.weight_bytes + self.state_bytes + self.workspace_bytes
+        return self.weight_bytes + self.state_bytes + self.workspace_bytes + self.prefill_bytes
 
     def summary(self) -> str:
         return (f"weights {fmt_bytes(self.weight_bytes)}, KV cache {fmt_bytes(self.kv.bytes)} "
                 f"({self.kv.max_seqs} sequences x {self.kv.max_context} tokens), GDN state "
-                f"{fmt_bytes(self.gdn.bytes)} ({self.gdn.slots} slots), workspace {fmt_bytes(self.workspace_bytes)}")
+                f"{fmt_bytes(self.gdn.bytes)} ({self.gdn.slots} slots), workspace {fmt_bytes(self.workspace_bytes)}, "
+                f"prefill buffers {fmt_bytes(self.prefill_bytes)} ({self.prefill_chunk}-token chunks)")
 
     def require_fits(self, free: int) -> None:
         """Raise OutOfMemoryError naming what does not fit in `free` device bytes and what to change."""
@@ -203,10 +250,13 @@ class ResidencyPlan:
     def oom_error(self, free: int) -> OutOfMemoryError:
         """The error for a plan that did not fit in `free` device bytes: what it needs, and which flag helps."""
         need = self.arena_bytes + HEADROOM
-        fixed = self.weight_bytes + self.workspace_bytes + HEADROOM
-        if fixed > free:
+        fixed = self.weight_bytes + self.workspace_bytes + self.prefill_bytes + HEADROOM
+        if self.weight_bytes + self.workspace_bytes + HEADROOM > free:
             hint = (f"the weights alone need {fmt_bytes(self.weight_bytes)}; FFN host offload is not built yet, "
                     "so use a GPU with more free memory")
+        elif fixed > free:
+            hint = (f"the prefill buffers for {self.prefill_chunk}-token chunks need "
+                    f"{fmt_bytes(self.prefill_bytes)}; lower --prefill-chunk")
         else:
             per_seq = self.kv.bytes_per_token * self.kv.max_context + self.gdn.bytes // max(self.gdn.slots, 1)
             room = free - fixed
@@ -261,9 +311,9 @@ def check_supported(config: ModelConfig) -> None:
 
 
 def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max_seqs: int,
-                   max_context: int, fusion: str = "split") -> ResidencyPlan:
+                   max_context: int, fusion: str = "split", prefill_chunk: int = 1024) -> ResidencyPlan:
     """The plan for `config` whose artifact tensors are `expected` (name -> inventory entry) in the
-    identity's fusion plan `fusion`."""
+    identity's fusion plan `fusion`, with buffers for prefill chunks of `prefill_chunk` tokens."""
     from inferno.artifact import formats
     from inferno.errors import ArtifactError, UsageError
     from inferno.kernels.gemv_variants import FORMATS
@@ -274,6 +324,8 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
                             f"now; this artifact uses plan {fusion!r}; use --device cpu")
     if max_seqs < 1 or max_context < 1:
         raise UsageError(f"max_seqs and max_context must be >= 1, got {max_seqs} and {max_context}")
+    if not 1 <= prefill_chunk <= MAX_PREFILL_CHUNK:
+        raise UsageError(f"--prefill-chunk must be 1..{MAX_PREFILL_CHUNK} tokens, got {prefill_chunk}")
     placements = []
     for name, sources, stored in decode_weights(config):
         missing = [s for s in sources if s not in expected]
@@ -301,5 +353,6 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
     gdn = GdnSizing(len(config.gdn_layers), max_seqs, config.conv_dim, config.conv_kernel - 1,
                     config.gdn_v_heads, config.gdn_k_dim, config.gdn_v_dim)
     splits = attn_splits(max_context, config.n_kv_heads) if config.attention_layers else 1
-    return ResidencyPlan(config, tuple(placements), kv, gdn, workspace_buffers(config, kv.pages_per_seq, splits),
-                         splits)
+    placements_t = tuple(placements)
+    return ResidencyPlan(config, placements_t, kv, gdn, workspace_buffers(config, kv.pages_per_seq, splits),
+                         splits, prefill_chunk, prefill_buffers(config, prefill_chunk, placements_t, kv.pages_per_seq))
