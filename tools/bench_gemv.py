@@ -1,0 +1,190 @@
+"""Quantized decode GEMV benchmark on the live GPU, against the device copy bandwidth of the same run.
+
+    python tools/bench_gemv.py [--out bench_gemv.json] [--quick] [--tune]
+
+Each case replays a CUDA graph of back-to-back launches that cycle over enough copies of the
+weights (>= 512 MB in all) that no launch finds its weights in L2, as in decode. Time = median
+over replays of (graph time / launches). GB/s counts weight + x + y (+ r) bytes once.
+Copy bandwidth: a 1 GiB device-to-device copy, bytes read + written. --tune adds rows/threads
+alternatives of the T=1 kernels. Prints a table, then markdown rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from inferno.artifact.formats.groupwise import geometry  # noqa: E402
+from inferno.cuda.copy import d2d, memset_d8, to_device  # noqa: E402
+from inferno.cuda.device import Device  # noqa: E402
+from inferno.cuda.graph import Graph  # noqa: E402
+from inferno.cuda.memory import device_alloc  # noqa: E402
+from inferno.cuda.stream import Event, Stream  # noqa: E402
+from inferno.kernels import qlayout as ql  # noqa: E402
+from inferno.kernels.reference import bf16  # noqa: E402
+from inferno.kernels.cache import load  # noqa: E402
+from inferno.kernels.gemv_variants import GemvQ, make_variant, variant_name  # noqa: E402
+
+SHAPES = {"gate_up": (34816, 5120), "down": (5120, 17408), "qkv": (12288, 5120)}
+FMT_SHORT = {"Q4G64_F16S": "Q4", "Q5G64_F16S": "Q5", "Q6G64_F16S": "Q6", "W8G32_F16S": "W8"}
+WORKING_SET = 512 << 20
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def timed(fn, stream: Stream, reps: int) -> float:
+    """Median milliseconds of fn() between events on `stream`."""
+    fn()
+    fn()
+    stream.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = Event(), Event()
+        a.record(stream)
+        fn()
+        b.record(stream)
+        b.synchronize()
+        out.append(Event.elapsed_ms(a, b))
+        a.close()
+        b.close()
+    return statistics.median(out)
+
+
+def copy_bandwidth(stream: Stream, nbytes: int = 1 << 30) -> float:
+    src, dst = device_alloc(nbytes, "copy_src"), device_alloc(nbytes, "copy_dst")
+    memset_d8(src, 0x3C)
+    ms = timed(lambda: d2d(dst, src, nbytes, stream), stream, 20)
+    src.free()
+    dst.free()
+    return 2 * nbytes / ms / 1e6
+
+
+class Weights:
+    """Copies of one random payload on the device, uploaded once per (format, shape)."""
+
+    def __init__(self, fmt: str, n: int, k: int, rng: np.random.Generator):
+        pay = ql.random_payload(fmt, n, k, rng)
+        self.nbytes = pay.nbytes
+        first = to_device(None, pay, f"w {fmt}")
+        self.bufs = [first]
+        for i in range(1, max(2, -(-WORKING_SET // self.nbytes))):
+            b = device_alloc(self.nbytes, f"w{i}")
+            d2d(b, first, self.nbytes)
+            self.bufs.append(b)
+
+    def free(self) -> None:
+        for b in self.bufs:
+            b.free()
+
+
+def bench_case(kern: GemvQ, w: Weights, n: int, k: int, cols: int, stream: Stream, rng) -> float:
+    """Microseconds per launch."""
+    m = n // 2 if kern.epilogue == "swiglu" else n
+    x = to_device(None, rng.standard_normal((cols, k), np.float32).astype(bf16), "x")
+    y = device_alloc(cols * m * 2, "y")
+    r = device_alloc(cols * m * 2, "r") if kern.epilogue == "residual" else None
+    if r is not None:
+        memset_d8(r, 0)
+    launches = len(w.bufs) * max(1, -(-24 // len(w.bufs)))
+    with Graph.capture(stream) as g:
+        for i in range(launches):
+            kern(w.bufs[i % len(w.bufs)], x, y, n, k, cols, r=r, stream=stream)
+    ge = g.instantiate()
+    ge.upload(stream)
+    ms = timed(lambda: ge.launch(stream), stream, 15)
+    ge.close()
+    g.close()
+    for b in (x, y, r):
+        if b is not None:
+            b.free()
+    return 1000 * ms / launches
+
+
+def tune_cases() -> list:
+    """(variant, format, shape) alternatives: the shift decode; rows/threads/unroll at T = 1."""
+    out = []
+    for fmt in FMT_SHORT:
+        for cols in (1, 4, 8):
+            out.append((make_variant(fmt, "plain", cols, inplace=False), fmt, "gate_up"))
+    for fmt, shape in (("Q4G64_F16S", "gate_up"), ("Q5G64_F16S", "down"), ("Q4G64_F16S", "qkv")):
+        for rows, threads in ((2, 64), (4, 64), (4, 256), (8, 128), (8, 256), (16, 256)):
+            out.append((make_variant(fmt, "plain", 1, rows, threads), fmt, shape))
+        for rows, threads in ((4, 128), (2, 64), (8, 256)):
+            out.append((make_variant(fmt, "plain", 1, rows, threads, unroll=2), fmt, shape))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="", help="only build the --tune variants into this dir (needs the DSL)")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--quick", action="store_true", help="T = 1 and 8 only")
+    ap.add_argument("--tune", action="store_true", help="also rows/threads alternatives at T = 1")
+    a = ap.parse_args()
+    if a.build:
+        from inferno.kernels.build import build_all
+
+        build_all(list({v.name: v for v, _, _ in tune_cases()}.values()), ["sm_90a"], Path(a.build))
+        return
+    dev = Device.open()
+    stream = Stream.create()
+    rng = np.random.default_rng(0)
+    copy = copy_bandwidth(stream)
+    log(f"device {dev.name}  copy bandwidth {copy:.0f} GB/s (1 GiB D2D, read + write)")
+    cols_list = (1, 8) if a.quick else (1, 2, 4, 8)
+    cases = []  # (label, kernel, fmt, shape)
+    for fmt in FMT_SHORT:
+        for shape in SHAPES:
+            for cols in cols_list:
+                cases.append((variant_name(fmt, "plain", cols), fmt, shape, cols, None))
+        cases += [(variant_name(fmt, "swiglu", c), fmt, "gate_up", c, None) for c in cols_list]
+        cases += [(variant_name(fmt, "residual", c), fmt, "down", c, None) for c in cols_list]
+    if a.tune:
+        cases += [(v.name, f, shape, v.config["cols"], v) for v, f, shape in tune_cases()]
+    cases.sort(key=lambda c: (c[1], c[2]))  # one weight upload per (format, shape)
+    rows_out = []
+    weights: dict = {}
+    for name, fmt, shape, cols, v in cases:
+        n, k = SHAPES[shape]
+        if (fmt, shape) not in weights:
+            for old in weights.values():
+                old.free()
+            weights = {(fmt, shape): Weights(fmt, n, k, rng)}
+        w = weights[(fmt, shape)]
+        try:
+            kern = GemvQ(load(v, dev)) if v is not None else GemvQ.load(name, dev)
+            us = bench_case(kern, w, n, k, cols, stream, rng)
+        except Exception as e:  # a tuning variant that is not built: report, go on
+            log(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            continue
+        m = n // 2 if "swiglu" in name else n
+        nbytes = geometry(fmt, (n, k)).nbytes + cols * k * 2 + cols * m * 2 * (2 if "_res" in name else 1)
+        gbps = nbytes / us / 1e3
+        row = dict(variant=name, format=FMT_SHORT[fmt], shape=f"{shape} [{n}x{k}]", T=cols, us=us,
+                   weight_mb=geometry(fmt, (n, k)).nbytes / 1e6, gbps=gbps, pct_copy=100 * gbps / copy,
+                   floor_us=nbytes / copy / 1e3)
+        rows_out.append(row)
+        log(f"{name:<26} {row['shape']:<22} T={cols}  {us:8.2f} us  {gbps:6.0f} GB/s  {row['pct_copy']:5.1f} %")
+    for old in weights.values():
+        old.free()
+    if a.out:
+        Path(a.out).write_text(json.dumps(dict(device=dev.name, copy_gbps=copy, rows=rows_out), indent=1))
+    print(f"\ncopy bandwidth {copy:.0f} GB/s; {dev.name}")
+    print("| variant | shape | T | weight MB | us | floor us | GB/s | % copy |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows_out:
+        print(f"| {r['variant']} | {r['shape']} | {r['T']} | {r['weight_mb']:.1f} | {r['us']:.1f} | "
+              f"{r['floor_us']:.1f} | {r['gbps']:.0f} | {r['pct_copy']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
