@@ -6,6 +6,9 @@
   itself, so tool-call round trips script the model's output; everything above the executor
   — engine, pipeline, parsers, HTTP — is the real code).
 - `slow()`: a scripted executor that takes `SLOW_DELAY` s per token, for cancellation tests.
+- `slow_prefill()`: one lane, prompts prefilled in chunks of `PREFILL_CHUNK` tokens that take
+  `PREFILL_DELAY` s each (a long prompt is a long prefill), for streams that open before the
+  first token and disconnects during the prefill.
 - `tight()`: one lane, one queue slot and a short queue wait, with a gate on the executor's
   steps, for the 429 / 503 answers.
 - `guarded()`: the reference deployment behind an API key, a 4 KiB body limit and CORS.
@@ -37,6 +40,8 @@ API_KEY = "test-key-123"
 BODY_LIMIT = 4096
 CORS_ORIGIN = "https://app.example"
 SLOW_DELAY = 0.01
+PREFILL_CHUNK = 4
+PREFILL_DELAY = 0.05
 
 
 @dataclass
@@ -91,10 +96,18 @@ def _serve(deployment: Deployment, executor: object, **app_kw) -> Live:
     return Live(deployment, sock.getsockname()[1], executor)
 
 
-def _fake(delay: float = 0.0, **kw) -> tuple[Deployment, FakeExecutor]:
+class SlowPrefillExecutor(FakeExecutor):
+    """A `FakeExecutor` whose every prefill call takes `PREFILL_DELAY` s more."""
+
+    def prefill(self, tokens, state):
+        time.sleep(PREFILL_DELAY)
+        return super().prefill(tokens, state)
+
+
+def _fake(delay: float = 0.0, executor_type: type[FakeExecutor] = FakeExecutor, **kw) -> tuple[Deployment, FakeExecutor]:
     source = open_model(model_dir())
     cfg = source.config
-    executor = FakeExecutor(FakeConfig(vocab=cfg.vocab, eos_token_ids=cfg.eos_token_ids, max_position=4096), script=[], delay=delay)
+    executor = executor_type(FakeConfig(vocab=cfg.vocab, eos_token_ids=cfg.eos_token_ids, max_position=4096), script=[], delay=delay)
     kw = {"max_context": 1024, "pending_timeout": 5.0, **kw}
     return build_deployment(source, executor, model_id=MODEL_ID, **kw), executor
 
@@ -126,6 +139,13 @@ def slow() -> Live:
     deployment, executor = _fake(delay=SLOW_DELAY)
     live = _serve(deployment, executor)
     live.script_text("a " * 2000)
+    return live
+
+
+@functools.cache
+def slow_prefill() -> Live:
+    live = _serve(*_fake(executor_type=SlowPrefillExecutor, prefill_chunk=PREFILL_CHUNK))
+    live.script_text("c " * 20)
     return live
 
 

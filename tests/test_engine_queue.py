@@ -213,3 +213,18 @@ def test_close_cancels_running_and_refuses_new():
 def test_engine_settings_validated(kwargs):
     with pytest.raises(EngineConfigError):
         Engine(FakeExecutor(), **kwargs)
+
+
+def test_started_is_set_when_a_lane_takes_the_request_not_while_it_waits():
+    gate = threading.Event()
+    ex = FakeExecutor(gate=gate)
+    with Engine(ex, max_concurrency=1, max_pending=1) as engine:
+        first = engine.generate(req())
+        assert first.started.wait(5)  # running (held at its first step by the gate)
+        second = engine.generate(req())
+        time.sleep(0.05)
+        assert not second.started.is_set()
+        gate.set()
+        assert len(tokens(first)) == 5
+        assert second.started.wait(5)
+        assert len(tokens(second)) == 5

@@ -74,6 +74,20 @@ def test_thinking_reply_splits_reasoning_and_content(make, tok):
     assert ex.all_released()
 
 
+def test_chat_takes_an_already_rendered_prompt_as_is(make, tok, monkeypatch):
+    pipe, ex, _ = make("Let me think.\n</think>\n\nHi!<|im_end|>")
+    prompt = pipe.chat_prompt(USER)
+    assert prompt.text == pipe.render(USER) and prompt.ids == tok.encode(prompt.text)
+    monkeypatch.setattr(pipe.template, "render", lambda *a, **k: pytest.fail("the prompt was rendered again"))
+    stream = pipe.chat(USER, max_new_tokens=64, prompt=prompt)
+    assert stream.prompt_ids == prompt.ids
+    assert stream.started.wait(5)
+    done = collect(stream)
+    assert (done.reasoning, done.content) == ("Let me think.", "Hi!")  # reasoning state from prompt.text
+    state = ex.states[-1]
+    assert state.tokens[: state.n_prompt] == prompt.ids
+
+
 def test_non_thinking_reply_is_all_content(make):
     pipe, _, _ = make("Hello there.<|im_end|>")
     done = collect(pipe.chat(USER, max_new_tokens=64, thinking=False))
@@ -173,6 +187,8 @@ def test_media_input_is_refused_until_vision_exists(make):
     msg = [{"role": "user", "content": [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "x"}}]}]
     with pytest.raises(NotBuiltError, match="image_url input is not built yet"):
         pipe.chat(msg, max_new_tokens=4)
+    with pytest.raises(NotBuiltError, match="image_url input is not built yet"):
+        pipe.chat_prompt(msg)
     text_parts = [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
     assert collect(pipe.chat(text_parts, max_new_tokens=4, thinking=False)).content == "x"
     assert len(ex.states) == 1

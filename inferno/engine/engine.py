@@ -17,6 +17,8 @@ Design (simple and correct first):
   `TokenStream`. Closing the stream (or setting the caller's `cancel` event, e.g. on a client
   disconnect) cancels the request: a waiting one never starts, a running one stops at the next
   chunk or token with finish reason "cancelled" and its state is released.
+- `TokenStream.started` is set the moment a lane takes the request (before its prefill), so a
+  caller can tell "still queued" from "running" without waiting for the first token.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class _Job:
         self.request = request
         self.user_cancel = cancel
         self.closed = threading.Event()  # the consumer closed its stream
+        self.started = threading.Event()  # a lane took the request
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.enqueued_at = time.perf_counter()
         self._lock = threading.Lock()
@@ -81,6 +84,7 @@ class TokenStream:
 
     def __init__(self, job: _Job, pending_timeout: float | None):
         self._job = job
+        self.started = job.started  # set (from a lane's thread) when a lane takes the request
         self._deadline = None if pending_timeout is None else job.enqueued_at + pending_timeout
         self._started = False
         self._done = False
@@ -236,6 +240,7 @@ class Engine:
                 job = self._waiting.popleft()
                 if job.claim():
                     self._running.add(job)
+                    job.started.set()
                     return job
 
     def _lane(self) -> None:

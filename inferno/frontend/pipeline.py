@@ -20,6 +20,9 @@ Rules:
   a queue timeout raises from the first `next()`. Setting `cancel` (from any thread, e.g. on a
   client disconnect) ends the stream with finish reason "cancelled"; `close()` (from the
   consuming thread) cancels the request and ends the stream at once.
+- `TextStream.started` (a `threading.Event`) is set when an engine lane takes the request, before
+  its prefill: a server can answer "running" without waiting for the first token.
+- `chat_prompt()` renders and encodes a chat prompt once; `chat(..., prompt=...)` takes it as is.
 - Streams are independent: one pipeline serves many concurrent requests (one thread each).
 """
 
@@ -79,6 +82,14 @@ class Completion:
 Event = TextDelta | Completion
 
 
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat prompt as text (generation prompt included) and its token ids."""
+
+    text: str
+    ids: list[int]
+
+
 class _StopMatcher:
     """Finds the first stop string in streamed text, holding back a possible partial match."""
 
@@ -132,6 +143,7 @@ class TextStream:
             self._stop_ids |= frozenset(pipeline.engine.executor.config.eos_token_ids)
         self._own_cancel = threading.Event()
         self._tokens = pipeline.engine.generate(request, cancel=_AnyCancel(cancel, self._own_cancel))
+        self.started = self._tokens.started  # set when an engine lane takes the request
         self._detok = IncrementalDetokenizer(pipeline.tokenizer)
         self._splitter = ReasoningSplitter(in_reasoning) if split_reasoning else None
         self._stops = _StopMatcher(stop)
@@ -325,6 +337,20 @@ class TextPipeline:
             messages, tools, enable_thinking=thinking, preserve_thinking=preserve_thinking, **template_kwargs
         )
 
+    def chat_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        thinking: bool = True,
+        preserve_thinking: bool = False,
+        **template_kwargs: Any,
+    ) -> ChatPrompt:
+        """The rendered and encoded chat prompt; raises for content the text pipeline cannot take."""
+        _refuse_media(messages)
+        text = self.render(messages, tools, thinking=thinking, preserve_thinking=preserve_thinking, **template_kwargs)
+        return ChatPrompt(text, self.tokenizer.encode(text))
+
     def count_tokens(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None, **kw: Any) -> int:
         """Prompt tokens of a chat request (for token-count endpoints)."""
         return len(self.tokenizer.encode(self.render(messages, tools, **kw)))
@@ -352,13 +378,18 @@ class TextPipeline:
         stop_token_ids: Sequence[int] = (),
         cancel: Cancel | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        prompt: ChatPrompt | None = None,
     ) -> TextStream:
-        """Generate an assistant reply to `messages` (OpenAI-style dicts)."""
-        _refuse_media(messages)
-        prompt = self.render(
-            messages, tools, thinking=thinking, preserve_thinking=preserve_thinking, **dict(template_kwargs or {})
-        )
-        ids = self.tokenizer.encode(prompt)
+        """Generate an assistant reply to `messages` (OpenAI-style dicts).
+
+        `prompt`: `chat_prompt(...)` of these same arguments, when the caller already has it
+        (it is used as is, not rendered again).
+        """
+        if prompt is None:
+            prompt = self.chat_prompt(
+                messages, tools, thinking=thinking, preserve_thinking=preserve_thinking, **dict(template_kwargs or {})
+            )
+        ids = list(prompt.ids)
         stop_ids = tuple(dict.fromkeys((*stop_token_ids, *self.tokenizer.eos_ids)))
         request = GenerationRequest(ids, max_new_tokens, self.sampling(thinking, sampling), stop_ids)
         return TextStream(
@@ -366,7 +397,7 @@ class TextPipeline:
             ids,
             request,
             split_reasoning=True,
-            in_reasoning=_opens_reasoning(prompt),
+            in_reasoning=_opens_reasoning(prompt.text),
             stop=stop,
             tools=tools,
             cancel=cancel,

@@ -196,15 +196,15 @@ async def handle(request: Request) -> Response:
                 "stop_sequence": done.stop_string,
                 "usage": _usage(done.usage.prompt_tokens, done.usage.completion_tokens),
             })
-        first = await gen.first(request)
+        await gen.running(request)  # the lane is ours: answer now, before the first token
     except Exception as exc:
         if gen is not None:
             gen.cancel()
         return api_error(exc).response("anthropic")
-    return sse_response(_events(meta, gen, first))
+    return sse_response(_events(meta, gen))
 
 
-async def _events(meta: dict, gen: Generation, first: Any) -> AsyncIterator[bytes]:
+async def _events(meta: dict, gen: Generation) -> AsyncIterator[bytes]:
     def emit(kind: str, **data: Any) -> bytes:
         return event({"type": kind, **data}, kind)
 
@@ -220,9 +220,7 @@ async def _events(meta: dict, gen: Generation, first: Any) -> AsyncIterator[byte
     current: str | None = None  # "thinking" | "text"
     had_text = False
     try:
-        ev = first
-        events = gen.events()
-        while ev is not None:
+        async for ev in gen.events():
             if isinstance(ev, TextDelta):
                 kind = "thinking" if ev.channel == "reasoning" else "text"
                 if current != kind:
@@ -256,7 +254,6 @@ async def _events(meta: dict, gen: Generation, first: Any) -> AsyncIterator[byte
                 )
                 yield emit("message_stop")
                 break
-            ev = await anext(events, None)
     except Exception as exc:  # after the headers went out: report in-band
         yield emit("error", error=api_error(exc).body("anthropic")["error"])
     finally:

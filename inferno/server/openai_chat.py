@@ -174,12 +174,12 @@ async def handle(request: Request) -> Response:
         meta = {"id": new_id("chatcmpl-"), "created": int(time.time()), "model": dep.model_id}
         if not stream:
             return JSONResponse(_reply(meta, await gen.complete(request)))
-        first = await gen.first(request)
+        await gen.running(request)  # the lane is ours: answer now, before the first token
     except Exception as exc:
         if gen is not None:
             gen.cancel()
         return api_error(exc).response("openai")
-    return sse_response(_chunks(meta, gen, first, include_usage))
+    return sse_response(_chunks(meta, gen, include_usage))
 
 
 def _reply(meta: dict, done: Completion) -> dict:
@@ -199,7 +199,7 @@ def _reply(meta: dict, done: Completion) -> dict:
     }
 
 
-async def _chunks(meta: dict, gen: Generation, first: Any, include_usage: bool) -> AsyncIterator[bytes]:
+async def _chunks(meta: dict, gen: Generation, include_usage: bool) -> AsyncIterator[bytes]:
     base = {**meta, "object": "chat.completion.chunk", "system_fingerprint": None}
     extra = {"usage": None} if include_usage else {}
 
@@ -208,9 +208,7 @@ async def _chunks(meta: dict, gen: Generation, first: Any, include_usage: bool) 
 
     yield chunk({"role": "assistant", "content": ""})
     try:
-        ev = first
-        events = gen.events()
-        while ev is not None:
+        async for ev in gen.events():
             if isinstance(ev, TextDelta):
                 yield chunk({"content": ev.text} if ev.channel == "content" else {"reasoning_content": ev.text})
             elif isinstance(ev, Completion):
@@ -220,7 +218,6 @@ async def _chunks(meta: dict, gen: Generation, first: Any, include_usage: bool) 
                 if include_usage:
                     yield event({**base, "choices": [], "usage": usage_json(ev)})
                 break
-            ev = await anext(events, None)
     except Exception as exc:  # after the headers went out: report in-band
         yield event(api_error(exc).body("openai"))
     finally:

@@ -286,15 +286,15 @@ async def create(request: Request) -> Response:
             response = shell.build(_status(done), _final_output(done), done)
             _save(dep, shell, response, conversation, items, done)
             return JSONResponse(response)
-        first = await gen.first(request)
+        await gen.running(request)  # the lane is ours: answer now, before the first token
     except Exception as exc:
         if gen is not None:
             gen.cancel()
         return api_error(exc).response("openai")
-    return sse_response(_events(dep, shell, gen, first, conversation, items))
+    return sse_response(_events(dep, shell, gen, conversation, items))
 
 
-async def _events(dep: Deployment, shell: _Shell, gen: Generation, first: Any, conversation: list[dict], items: list[dict]) -> AsyncIterator[bytes]:
+async def _events(dep: Deployment, shell: _Shell, gen: Generation, conversation: list[dict], items: list[dict]) -> AsyncIterator[bytes]:
     seq = 0
     output: list[dict] = []
     current: dict | None = None  # the open reasoning / message item
@@ -343,9 +343,7 @@ async def _events(dep: Deployment, shell: _Shell, gen: Generation, first: Any, c
     yield emit("response.created", response=shell.build("in_progress", []))
     yield emit("response.in_progress", response=shell.build("in_progress", []))
     try:
-        ev = first
-        events = gen.events()
-        while ev is not None:
+        async for ev in gen.events():
             if isinstance(ev, TextDelta):
                 kind = "reasoning" if ev.channel == "reasoning" else "message"
                 if current is None or current["type"] != kind:
@@ -373,7 +371,6 @@ async def _events(dep: Deployment, shell: _Shell, gen: Generation, first: Any, c
                 _save(dep, shell, response, conversation, items, ev)
                 yield emit("response.completed" if status == "completed" else "response.incomplete", response=response)
                 break
-            ev = await anext(events, None)
     except Exception as exc:  # after the headers went out: report in-band
         err = api_error(exc)
         yield emit("error", code=err.code, message=err.message, param=err.param)

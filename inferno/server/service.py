@@ -3,7 +3,9 @@
 Generation is synchronous (numpy executor behind `Engine` lanes), so each request's `TextStream`
 is read by a worker thread that hands events to the event loop through an `asyncio.Queue`.
 Cancelling (client disconnect, a handler task cancelled) sets the request's cancel event: the
-engine stops the request at its next token and frees the lane.
+engine stops the request at its next prefill chunk or token and frees the lane. The client's
+connection is watched from the moment the request is queued: by `Generation` while it waits for
+a lane and through a non-streamed generation, and by the streaming response once that started.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ import anyio.to_thread
 from starlette.requests import Request
 
 from inferno.engine import ContextLengthError, Engine
+from inferno.engine.engine import DEFAULT_PREFILL_CHUNK
 from inferno.frontend.pipeline import Completion, Event, TextPipeline, TextStream
 from inferno.server.errors import ApiError
 from inferno.server.response_store import ResponseStore
 
 _END = object()
+_START_POLL_S = 0.05  # how often a request waiting for a lane checks whether one took it (as the engine does)
 
 
 @dataclass
@@ -89,13 +93,11 @@ class Deployment:
         the prompt, and a prompt that leaves no room answers 400.
         """
         kw = dict(template_kwargs or {})
-        n_prompt = len(self.pipeline.tokenizer.encode(
-            self.pipeline.render(messages, tools, thinking=thinking, preserve_thinking=preserve_thinking, **kw)
-        ))
-        room = self.max_context - n_prompt
+        prompt = self.pipeline.chat_prompt(messages, tools, thinking=thinking, preserve_thinking=preserve_thinking, **kw)
+        room = self.max_context - len(prompt.ids)
         if room < 1:
             raise ContextLengthError(
-                f"the prompt has {n_prompt} tokens but the context limit is {self.max_context}; "
+                f"the prompt has {len(prompt.ids)} tokens but the context limit is {self.max_context}; "
                 "shorten the conversation or start the server with a larger --max-context"
             )
         limit = min(max_tokens or self.default_max_tokens, room)
@@ -110,6 +112,7 @@ class Deployment:
             stop=stop,
             cancel=cancel,
             template_kwargs=kw,
+            prompt=prompt,
         )
         return stream, cancel
 
@@ -128,9 +131,17 @@ def build_deployment(
     store_records: int = 256,
     executor_name: str = "reference",
     kv_dtype: str = "fp32",
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> Deployment:
     """An `Engine` over `executor` and a `Deployment` for the opened model `source` (`ModelSource`)."""
-    engine = Engine(executor, max_concurrency, max_pending=max_pending, pending_timeout=pending_timeout, max_context=max_context)
+    engine = Engine(
+        executor,
+        max_concurrency,
+        max_pending=max_pending,
+        pending_timeout=pending_timeout,
+        max_context=max_context,
+        prefill_chunk=prefill_chunk,
+    )
     pipeline = TextPipeline.from_resources(engine, source.resources, source.identity)
     base = source.identity.split("/", 1)[0]
     aliases = tuple(dict.fromkeys(a for a in (base, source.identity, Path(source.path).stem) if a))
@@ -147,14 +158,21 @@ def build_deployment(
     )
 
 
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has disconnected (the request body must have been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 class Generation:
-    """One running request: its events on the asyncio side, cancellable from there."""
+    """One queued request: its events on the asyncio side, cancellable from there."""
 
     def __init__(self, stream: TextStream, cancel: threading.Event):
         self.stream = stream
         self.prompt_tokens = len(stream.prompt_ids)
         self._cancel = cancel
         self._queue: asyncio.Queue = asyncio.Queue()
+        self._early: asyncio.Future | None = None  # the first item, when it came while waiting for a lane
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._produce, name="inferno-request", daemon=True)
         self._thread.start()
@@ -178,7 +196,10 @@ class Generation:
 
     async def next(self) -> Event | None:
         """The next event (None after the Completion); re-raises the generation's exception."""
-        item = await self._queue.get()
+        if self._early is not None:
+            item, self._early = self._early.result(), None
+        else:
+            item = await self._queue.get()
         if item is _END:
             return None
         if isinstance(item, BaseException):
@@ -195,10 +216,11 @@ class Generation:
         finally:
             self.cancel()
 
-    async def first(self, request: Request | None = None) -> Event | None:
-        """The first event (before any response is sent, so that a queue timeout can still get
-        its HTTP status); cancels on error or when the client disconnects meanwhile."""
-        return await self._watch(self.next(), request)
+    async def running(self, request: Request | None = None) -> None:
+        """Wait until an engine lane takes the request (before any response is sent, so that a
+        request that never gets a lane still answers with its HTTP status: a queue timeout raises
+        here); cancels on error or when the client disconnects meanwhile."""
+        await self._watch(self._lane_taken(), request)
 
     async def complete(self, request: Request | None = None) -> Completion:
         """Run to the end; cancels on error or when the client disconnects meanwhile."""
@@ -207,21 +229,37 @@ class Generation:
         finally:
             self.cancel()
 
-    async def _watch(self, work: Awaitable[Any], request: Request | None, poll_s: float = 0.25) -> Any:
-        waiter = asyncio.ensure_future(work)
+    async def _lane_taken(self) -> None:
+        """Until the stream's `started` is set or its first item arrives (an error raises)."""
+        getter = asyncio.ensure_future(self._queue.get())
         try:
-            while True:
-                done, _ = await asyncio.wait({waiter}, timeout=poll_s)
-                if done:
-                    return waiter.result()
-                if request is not None and await request.is_disconnected():
-                    raise ApiError(499, "client disconnected")
+            while not getter.done() and not self.stream.started.is_set():
+                await asyncio.wait({getter}, timeout=_START_POLL_S)
+        finally:
+            if getter.done() and not getter.cancelled():
+                self._early = getter
+            else:
+                getter.cancel()
+        if self._early is not None and isinstance(item := self._early.result(), BaseException):
+            self._early = None
+            raise item
+
+    async def _watch(self, work: Awaitable[Any], request: Request | None) -> Any:
+        """Await `work`, raising 499 as soon as the client disconnects; cancels the request on any error."""
+        waiter = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(_disconnect(request)) if request is not None else None
+        try:
+            await asyncio.wait({waiter} if gone is None else {waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if waiter.done():
+                return waiter.result()
+            raise ApiError(499, "client disconnected")
         except BaseException:
             self.cancel()
             raise
         finally:
-            if not waiter.done():
-                waiter.cancel()
+            for task in (waiter, gone):
+                if task is not None and not task.done():
+                    task.cancel()
 
     async def _last(self) -> Completion:
         async for event in self.events():
