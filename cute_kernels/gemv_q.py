@@ -20,7 +20,10 @@ field stays where it lies in its word (nibble i at bit 4i, or 4(i-3) of the word
 b at 8(b%2) of the word or the word >> 16), giving code * 16^p (256^p) for one AND/OR per code,
 and x is pre-scaled by 16^-p (exact, shared by the CTA's rows). `inplace=False` shifts every
 field down to bit 0 first (kept for A/B measurement). Each 32-code chunk is summed in fp32 and
-then multiplied by its group's scale.
+then multiplied by its group's scale. For Q4/W8, 2^23 and the sign-flip XOR constant are kept in
+registers (one LOP3 per code instead of LOP3 + MOV; `regconst=False` keeps the old immediates).
+The chunk loop runs twice: over the chunks whose x lie wholly below k (no bounds checks), then
+over the rest.
 """
 
 import cuda.bindings.driver as cuda
@@ -64,7 +67,7 @@ class GemvQ:
     """One CTA per `rows` weight rows; `threads` threads split K in 32-code chunks."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, rows: int = 4, threads: int = 128,
-                 inplace: bool = True, unroll: int = 1):
+                 inplace: bool = True, unroll: int = 1, regconst: bool = True):
         if (bits, group) not in ((4, 64), (5, 64), (6, 64), (8, 32)):
             raise ValueError("format must be bits/group 4/64, 5/64, 6/64 or 8/32")
         if not 1 <= cols <= 8:
@@ -83,6 +86,7 @@ class GemvQ:
         self.bias = 1 << (bits - 1)
         self.inplace = inplace
         self.unroll = unroll  # chunk-loop unroll: >1 lets the next chunk's loads issue early
+        self.regconst = regconst  # Q4/W8: 2^23 and the sign XOR in registers (False: the old form)
 
     @cute.jit
     def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor,
@@ -121,57 +125,76 @@ class GemvQ:
             o = o0 + r % self.outs
             row.append(cutlass.min(o, n_out - 1) + (r // self.outs) * n_out)
 
+        # Per-row start of each plane (16-byte vectors for the base plane, words for the others).
+        wrow = [rw * (base_row // 4) for rw in row]
+        hrow = [high_off + rw * high_row for rw in row]
+        srow = [scale_off + rw * (gpr // 2) for rw in row]
+
         gW4 = cute.zipped_divide(mW, (4,))
         gX = [cute.zipped_divide(mX[t, None], (8,)) for t in range(self.cols)]
 
-        # Q5: 2^23 as a value the compiler cannot see (gridDim.y is 1) stays in a register, and
-        # ptxas then emits ~22% fewer instructions (no constant moves); Q4/Q6/W8 fold it better
-        # as an immediate.
+        # 2^23 and the sign-flip XOR constant as values the compiler cannot see (products with
+        # gridDim.y, which is 1) stay in registers. As immediates ptxas folds the XOR into each
+        # code's mask LOP3, which then needs the mask in a register, rematerialised by a MOV for
+        # nearly every code; as registers the XOR is one op per word and a code one LOP3
+        # (word & mask-immediate | magic-register). Q4 and W8 only: Q5's form below is as good,
+        # Q6 gets slightly longer. `regconst=False` keeps the old form for A/B measurement.
+        flip = {4: 0x88888888, 6: 0xAAAAAAAA, 8: 0x80808080}.get(self.bits, 0)  # Q5 has none
         self._magic = MAGIC
-        if cutlass.const_expr(self.bits == 5):
-            _, gy, _ = cute.arch.grid_dim()
+        self._flip = _s32(flip)
+        _, gy, _ = cute.arch.grid_dim()
+        if cutlass.const_expr(self.regconst and self.inplace and self.bits in (4, 8)):
+            self._magic = cutlass.Int32(gy) * MAGIC
+            self._flip = cutlass.Int32(gy) * _s32(flip)
+        elif cutlass.const_expr(self.bits == 5):
             self._magic = cutlass.Int32(gy - 1) | MAGIC
         acc = cute.make_rmem_tensor((self.rows * self.cols,), cutlass.Float32)
         acc.fill(0.0)
-        for c in cutlass.range(tidx, nchunks, self.threads, unroll=self.unroll):
-            wb = cute.make_rmem_tensor((4, self.nvec, self.rows), cutlass.Int32)
-            for r in cutlass.range_constexpr(self.rows):
-                for v in cutlass.range_constexpr(self.nvec):
-                    cute.autovec_copy(gW4[None, row[r] * (base_row // 4) + c * self.nvec + v], wb[None, v, r])
-            hw = cute.make_rmem_tensor((2, self.rows), cutlass.Int32)
-            if cutlass.const_expr(self.bits in (5, 6)):
+        # Two passes: the chunks whose 32 x lie below k (no bounds checks on x), then the rest.
+        nfull = k // CHUNK
+        for tail in cutlass.range_constexpr(2):
+            for c in cutlass.range(tidx + nfull * tail, nfull if tail == 0 else nchunks, self.threads,
+                                   unroll=self.unroll):
+                wb = cute.make_rmem_tensor((4, self.nvec, self.rows), cutlass.Int32)
                 for r in cutlass.range_constexpr(self.rows):
-                    for h in cutlass.range_constexpr(self.bits - 4):
-                        hw[h, r] = mW[high_off + row[r] * high_row + (self.bits - 4) * c + h]
-            sw = cute.make_rmem_tensor((self.rows,), cutlass.Int32)
-            for r in cutlass.range_constexpr(self.rows):
-                g = row[r] * gpr + c * CHUNK // self.group
-                sw[r] = mW[scale_off + g // 2] >> ((g % 2) * 16)
+                    for v in cutlass.range_constexpr(self.nvec):
+                        cute.autovec_copy(gW4[None, wrow[r] + c * self.nvec + v], wb[None, v, r])
+                hw = cute.make_rmem_tensor((2, self.rows), cutlass.Int32)
+                if cutlass.const_expr(self.bits in (5, 6)):
+                    for r in cutlass.range_constexpr(self.rows):
+                        for h in cutlass.range_constexpr(self.bits - 4):
+                            hw[h, r] = mW[hrow[r] + (self.bits - 4) * c + h]
+                # Scale of group g = row * gpr + gc: gpr is even (k_pad is a multiple of 128), so the
+                # word is row * gpr / 2 + gc / 2 and the half gc % 2, shared by the rows.
+                gc = c // (self.group // CHUNK)
+                sw = cute.make_rmem_tensor((self.rows,), cutlass.Int32)
+                for r in cutlass.range_constexpr(self.rows):
+                    sw[r] = mW[srow[r] + gc // 2] >> ((gc % 2) * 16)
 
-            part = cute.make_rmem_tensor((self.rows * self.cols,), cutlass.Float32)
-            part.fill(0.0)
-            for j in cutlass.range_constexpr(CHUNK // 8):
-                kk = c * CHUNK + j * 8
-                xs = cute.make_rmem_tensor((8, self.cols), cutlass.Float32)
-                for t in cutlass.range_constexpr(self.cols):
-                    xb = cute.make_rmem_tensor((8,), cutlass.BFloat16)
-                    xb.fill(0.0)
-                    if kk < k:
-                        if t < t_rows:
-                            cute.autovec_copy(gX[t][None, c * (CHUNK // 8) + j], xb)
-                    xs[None, t].store(xb.load().to(cutlass.Float32))
-                    for i in cutlass.range_constexpr(8):
-                        if cutlass.const_expr(self._xscale(i) != 1.0):
-                            xs[i, t] = xs[i, t] * self._xscale(i)
+                part = cute.make_rmem_tensor((self.rows * self.cols,), cutlass.Float32)
+                part.fill(0.0)
+                for j in cutlass.range_constexpr(CHUNK // 8):
+                    kk = c * CHUNK + j * 8
+                    xs = cute.make_rmem_tensor((8, self.cols), cutlass.Float32)
+                    for t in cutlass.range_constexpr(self.cols):
+                        xb = cute.make_rmem_tensor((8,), cutlass.BFloat16)
+                        xb.fill(0.0)
+                        if tail == 0 or kk < k:  # the launcher passes T >= 1: x row 0 always exists
+                            if t == 0 or t < t_rows:
+                                cute.autovec_copy(gX[t][None, c * (CHUNK // 8) + j], xb)
+                        xs[None, t].store(xb.load().to(cutlass.Float32))
+                        for i in cutlass.range_constexpr(8):
+                            if cutlass.const_expr(self._xscale(i) != 1.0):
+                                xs[i, t] = xs[i, t] * self._xscale(i)
+                    for r in cutlass.range_constexpr(self.rows):
+                        for i in cutlass.range_constexpr(8):
+                            f = self._code_float(wb, hw, r, j, i)
+                            for t in cutlass.range_constexpr(self.cols):
+                                part[r * self.cols + t] = part[r * self.cols + t] + f * xs[i, t]
                 for r in cutlass.range_constexpr(self.rows):
-                    for i in cutlass.range_constexpr(8):
-                        f = self._code_float(wb, hw, r, j, i)
-                        for t in cutlass.range_constexpr(self.cols):
-                            part[r * self.cols + t] = part[r * self.cols + t] + f * xs[i, t]
-            for r in cutlass.range_constexpr(self.rows):
-                s = _f16lo_f32(sw[r])
-                for t in cutlass.range_constexpr(self.cols):
-                    acc[r * self.cols + t] = acc[r * self.cols + t] + s * part[r * self.cols + t]
+                    s = _f16lo_f32(sw[r])
+                    for t in cutlass.range_constexpr(self.cols):
+                        acc[r * self.cols + t] = acc[r * self.cols + t] + s * part[r * self.cols + t]
 
         smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.warps, self.rows * self.cols)))
@@ -226,7 +249,7 @@ class GemvQ:
         """
         p = self._place(i)
         if cutlass.const_expr(self.bits == 8):
-            w = wb[(2 * j + i // 4) % 4, (2 * j + i // 4) // 4, r] ^ _s32(0x80808080)
+            w = wb[(2 * j + i // 4) % 4, (2 * j + i // 4) // 4, r] ^ self._flip
             if cutlass.const_expr(not self.inplace):
                 v = (w >> (8 * (i % 4))) & 0xFF
                 return _bits_f32(v | MAGIC) - cutlass.Float32(8388608.0 + 128.0)
@@ -238,7 +261,7 @@ class GemvQ:
             v = self._code_bits_shift(w, hw, r, j, i)
             return _bits_f32(v | MAGIC) - cutlass.Float32(8388608.0 + self.bias)
         if cutlass.const_expr(self.bits == 4):
-            w = w ^ _s32(0x88888888)
+            w = w ^ self._flip
         if cutlass.const_expr(i >= 5):
             w = w >> 12
         a = (w & (0xF << (4 * p))) | self._magic
@@ -246,7 +269,7 @@ class GemvQ:
         if cutlass.const_expr(self.bits == 5):  # code * 16^p = (2^23 + nib 16^p) - (2^23 + b4 16^(p+1))
             return _bits_f32(a) - _bits_f32(_move_bits(hw[0, r], q, 4 * p + 4, 1) | self._magic)
         if cutlass.const_expr(self.bits == 6):  # b5 flipped: v = code + 32 = nib + 16 b4 + 32 (1 - b5)
-            a = a | _move_bits(hw[j // 2, r] ^ _s32(0xAAAAAAAA), 2 * (q % 16), 4 * p + 4, 2)
+            a = a | _move_bits(hw[j // 2, r] ^ self._flip, 2 * (q % 16), 4 * p + 4, 2)
         return _bits_f32(a) - cutlass.Float32(8388608.0 + self.bias * 16 ** p)
 
     @cute.jit

@@ -97,6 +97,9 @@ def test_variant_table():
         gv.variant_name("BF16")
     with pytest.raises(LaunchError, match="epilogue"):
         gv.variant_name("Q4G64_F16S", "gelu")
+    assert all(v.config["regconst"] for v in gv.GEMV_VARIANTS)
+    old = gv.make_variant("Q4G64_F16S", "swiglu", 1, regconst=False)
+    assert old.name == "gemv_q4_t1_swiglu_immc" and old.config["regconst"] is False
 
 
 @pytest.mark.skipif(not dsl_available(), reason="CuTe DSL not installed")

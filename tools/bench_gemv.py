@@ -1,12 +1,14 @@
 """Quantized decode GEMV benchmark on the live GPU, against the device copy bandwidth of the same run.
 
-    python tools/bench_gemv.py [--out bench_gemv.json] [--quick] [--tune]
+    python tools/bench_gemv.py [--out bench_gemv.json] [--quick] [--tune] [--compare]
+    python tools/bench_gemv.py --build DIR [--tune] [--compare]   (build those extra variants)
 
 Each case replays a CUDA graph of back-to-back launches that cycle over enough copies of the
 weights (>= 512 MB in all) that no launch finds its weights in L2, as in decode. Time = median
 over replays of (graph time / launches). GB/s counts weight + x + y (+ r) bytes once.
 Copy bandwidth: a 1 GiB device-to-device copy, bytes read + written. --tune adds rows/threads
-alternatives of the T=1 kernels. Prints a table, then markdown rows.
+alternatives of the T=1 kernels, --compare the old-constant and 8-row swiglu ones. Prints a
+table, then markdown rows.
 """
 
 from __future__ import annotations
@@ -123,17 +125,33 @@ def tune_cases() -> list:
     return out
 
 
+def compare_cases() -> list:
+    """(variant, format, shape) at T = 1: the old constant form (`_immc`) of every default case, and
+    8 rows per CTA for swiglu."""
+    out = []
+    for fmt in FMT_SHORT:
+        for shape in SHAPES:
+            out.append((make_variant(fmt, "plain", 1, regconst=False), fmt, shape))
+        out.append((make_variant(fmt, "swiglu", 1, regconst=False), fmt, "gate_up"))
+        out.append((make_variant(fmt, "residual", 1, regconst=False), fmt, "down"))
+        out.append((make_variant(fmt, "swiglu", 1, 8, 128), fmt, "gate_up"))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="", help="only build the --tune variants into this dir (needs the DSL)")
+    ap.add_argument("--build", default="", help="only build the --tune/--compare variants into this dir (needs the DSL)")
     ap.add_argument("--out", default="")
     ap.add_argument("--quick", action="store_true", help="T = 1 and 8 only")
     ap.add_argument("--tune", action="store_true", help="also rows/threads alternatives at T = 1")
+    ap.add_argument("--compare", action="store_true",
+                    help="also the old-constant (_immc) and 8-row swiglu variants at T = 1")
     a = ap.parse_args()
+    extra = (tune_cases() if a.tune else []) + (compare_cases() if a.compare else [])
     if a.build:
         from inferno.kernels.build import build_all
 
-        build_all(list({v.name: v for v, _, _ in tune_cases()}.values()), ["sm_90a"], Path(a.build))
+        build_all(list({v.name: v for v, _, _ in extra}.values()), ["sm_90a"], Path(a.build))
         return
     dev = Device.open()
     stream = Stream.create()
@@ -148,8 +166,7 @@ def main() -> None:
                 cases.append((variant_name(fmt, "plain", cols), fmt, shape, cols, None))
         cases += [(variant_name(fmt, "swiglu", c), fmt, "gate_up", c, None) for c in cols_list]
         cases += [(variant_name(fmt, "residual", c), fmt, "down", c, None) for c in cols_list]
-    if a.tune:
-        cases += [(v.name, f, shape, v.config["cols"], v) for v, f, shape in tune_cases()]
+    cases += [(v.name, f, shape, v.config["cols"], v) for v, f, shape in extra]
     cases.sort(key=lambda c: (c[1], c[2]))  # one weight upload per (format, shape)
     rows_out = []
     weights: dict = {}

@@ -58,10 +58,11 @@ def variant_name(fmt: str, epilogue: str = "plain", cols: int = 1) -> str:
 
 
 def make_variant(fmt: str, epilogue: str, cols: int, rows: int | None = None,
-                 threads: int = THREADS, inplace: bool = True, unroll: int = 1) -> Variant:
+                 threads: int = THREADS, inplace: bool = True, unroll: int = 1,
+                 regconst: bool = True) -> Variant:
     """The variant for (fmt, epilogue, cols); rows/threads other than the defaults (for tuning)
     add `_r<rows>_n<threads>` to the name, the shift decode (inplace=False) `_shift`, a chunk-loop
-    unroll `_u<unroll>`."""
+    unroll `_u<unroll>`, 2^23 and sign-XOR constants as immediates (regconst=False, the old code) `_immc`."""
     _, bits, group = FORMATS[fmt]
     name = variant_name(fmt, epilogue, cols)
     rows = rows or rows_for(cols)
@@ -71,6 +72,8 @@ def make_variant(fmt: str, epilogue: str, cols: int, rows: int | None = None,
         name += "_shift"
     if unroll != 1:
         name += f"_u{unroll}"
+    if not regconst:
+        name += "_immc"
     outs = rows // 2 if epilogue == "swiglu" else rows
     w = Tensor("w", "i32", ("WL",), (1,))
     x = Tensor("x", "bf16", ("T", "K"), ("x_stride", 1))
@@ -81,7 +84,7 @@ def make_variant(fmt: str, epilogue: str, cols: int, rows: int | None = None,
     return Variant(
         name=name, op="gemv_q", source="cute_kernels.gemv_q", cls="GemvQ",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, rows=rows, threads=threads,
-                    inplace=inplace, unroll=unroll),
+                    inplace=inplace, unroll=unroll, regconst=regconst),
         args=(w, x, r, y), grid=(f"cdiv(M, {outs})", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
         summary=f"{what}, W {fmt} row-split-k128-v1, x bf16 [T<={cols}, K], fp32 accumulate",
