@@ -71,6 +71,8 @@ def candidate_distribution(logits: np.ndarray, params: SamplingParams) -> tuple[
     """
     x = np.asarray(logits, np.float32)
     ids = top_k_ids(x, params.top_k)
+    if ids is not None:  # best first, ties to the lower id: the device sampler's order
+        ids = ids[np.lexsort((ids, -x[ids]))]
     sub = x if ids is None else x[ids]
     weights = np.exp((sub - sub.max()) * np.float32(1.0 / params.temperature))  # max weight is 1
     weights *= np.float32(1.0 / weights.sum(dtype=np.float64))
