@@ -127,12 +127,12 @@ def test_unsupported_configs_are_refused(inventory):
     with pytest.raises(NotBuiltError, match="dense"):
         check_supported(spec.builtin_config())
     config, expected = inventory
-    with pytest.raises(NotBuiltError, match="fusion plan 'split'"):
-        plan_residency(config, expected, 1, 64, fusion="nvfp4")
+    with pytest.raises(NotBuiltError, match="fusion plans split, nvfp4"):
+        plan_residency(config, expected, 1, 64, fusion="fused-everything")
     name = "text/layers/0/mlp/down"
-    nvfp4 = {**expected, name: dataclasses.replace(expected[name], format="NVFP4")}
-    with pytest.raises(NotBuiltError, match=f"no GEMV kernel for NVFP4 weights \\({name}\\)"):
-        plan_residency(config, nvfp4, 1, 64)
+    bf = {**expected, name: dataclasses.replace(expected[name], format="BF16")}
+    with pytest.raises(NotBuiltError, match=f"no GEMV kernel for BF16 weights \\({name}\\)"):
+        plan_residency(config, bf, 1, 64)
 
 
 def test_slots_and_pages_are_taken_and_returned(emulated):

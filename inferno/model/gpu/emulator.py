@@ -107,6 +107,10 @@ class EmulatedOps:
     def _weights(self, fmt: str, w: DeviceBuffer, n: int, k: int) -> np.ndarray:
         key = (w.ptr, n, k, fmt)
         m = self._dequant.get(key)
+        if m is None and fmt == "NVFP4":
+            from inferno.artifact.formats import nvfp4
+
+            m = self._dequant[key] = nvfp4.decode(self._bytes(w, nvfp4.geometry((n, k)).nbytes).tobytes(), (n, k))
         if m is None:
             from inferno.artifact.formats.groupwise import geometry
 

@@ -131,13 +131,17 @@ class CudaOps:
             self._attn_combine = A.AttnCombine(load(A.COMBINE, dev))
 
     def _gemv_launcher(self, fmt: str, epilogue: str) -> Any:
+        from inferno.kernels import gemv_nvfp4_variants as F
         from inferno.kernels.cache import load
         from inferno.kernels.gemv_variants import GemvQ, gemv_variant, variant_name
 
-        name = variant_name(fmt, epilogue, 1)
+        name = F.variant_name(epilogue, 1) if fmt == F.FORMAT else variant_name(fmt, epilogue, 1)
         g = self._gemv.get(name)
         if g is None:
-            g = self._gemv[name] = GemvQ(load(gemv_variant(name), self.device))
+            if fmt == F.FORMAT:
+                g = self._gemv[name] = F.GemvNvfp4(load(F.gemv_nvfp4_variant(name), self.device))
+            else:
+                g = self._gemv[name] = GemvQ(load(gemv_variant(name), self.device))
         return g
 
     def preload_gemv(self, keys: set[tuple[str, str]]) -> None:

@@ -29,6 +29,9 @@ STEP_HEADER = 4  # int32 words before the page table in the step buffer: token, 
 PAYLOAD = "payload"  # the artifact bytes as they are (quantized GEMV payloads, BF16/FP32 vectors)
 DEQUANT_BF16 = "bf16"  # dequantized to bf16 at load (the embedding table: the gather kernel reads bf16)
 CONCAT = "concat"  # BF16 sources concatenated by rows (GDN a | b projections: one GEMM)
+ROWS = "rows"  # a row range of one fused source, re-packed as its own matrix (fusion plan "nvfp4")
+FUSIONS = ("split", "nvfp4")  # fusion plans the GPU executor runs
+GEMV_FORMATS_EXTRA = ("NVFP4",)  # GEMV formats besides the groupwise-int ones (gemv_nvfp4_variants)
 
 
 # GEMV epilogue of each quantized matrix the decode path multiplies by, by device-name suffix
@@ -64,6 +67,7 @@ class Placement:
     stored: str
     nbytes: int
     where: str = DEVICE
+    rows: tuple[int, int] | None = None  # ROWS: the source's row range [r0, r1)
 
 
 @dataclass(frozen=True)
@@ -272,8 +276,27 @@ class ResidencyPlan:
             name="gpu executor", requested=need, used=0, capacity=self.arena_bytes, free=free)
 
 
-def decode_weights(config: ModelConfig) -> list[tuple[str, tuple[str, ...], str]]:
-    """(device name, artifact sources, storage) of every weight the dense decode path reads."""
+# fusion plan "nvfp4": device matrix -> (fused artifact tensor, index of its row range in split_rows)
+_FUSED_NVFP4 = {"attention/query_key": ("attention/query_key_gate_value", 0),
+                "attention/gate_value": ("attention/query_key_gate_value", 1),
+                "gdn/query_key": ("gdn/query_key_value_z", 0), "gdn/value_z": ("gdn/query_key_value_z", 1)}
+
+
+def split_rows(config: ModelConfig, name: str) -> tuple[int, int]:
+    """Row range [r0, r1) of device matrix `name` (a ROWS placement) in its fused source:
+    attention [q, k | gate, v], GDN [q, k | v, z]."""
+    c = config
+    if "/attention/" in name:
+        first, total = c.n_heads * c.head_dim + c.n_kv_heads * c.head_dim, 2 * (c.n_heads + c.n_kv_heads) * c.head_dim
+    else:
+        first, total = 2 * c.gdn_key_width, 2 * c.gdn_key_width + 2 * c.gdn_value_width
+    half = _FUSED_NVFP4[name.split("/", 3)[3]][1]
+    return (0, first) if half == 0 else (first, total)
+
+
+def decode_weights(config: ModelConfig, fusion: str = "split") -> list[tuple[str, tuple[str, ...], str]]:
+    """(device name, artifact sources, storage) of every weight the dense decode path reads, for the
+    identity's fusion plan `fusion` ("nvfp4": the fused input projections are split by rows)."""
     out: list[tuple[str, tuple[str, ...], str]] = [("text/token_embedding", ("text/token_embedding",), DEQUANT_BF16)]
     for i, kind in enumerate(config.layer_types):
         p = f"text/layers/{i}/"
@@ -285,7 +308,11 @@ def decode_weights(config: ModelConfig) -> list[tuple[str, tuple[str, ...], str]
             names += ["gdn/a_log", "gdn/dt_bias", "gdn/convolution", "gdn/query_key", "gdn/value_z",
                       "gdn/norm", "gdn/output"]
             out.append((p + "gdn/a_b_projection", (p + "gdn/a_projection", p + "gdn/b_projection"), CONCAT))
-        out += [(p + n, (p + n,), PAYLOAD) for n in names]
+        for n in names:
+            if fusion == "nvfp4" and n in _FUSED_NVFP4:
+                out.append((p + n, (p + _FUSED_NVFP4[n][0],), ROWS))
+            else:
+                out.append((p + n, (p + n,), PAYLOAD))
     out += [("text/final_norm", ("text/final_norm",), PAYLOAD), ("text/output_head", ("text/output_head",), PAYLOAD)]
     return out
 
@@ -319,20 +346,21 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
     from inferno.kernels.gemv_variants import FORMATS
 
     check_supported(config)
-    if fusion != "split":
-        raise NotBuiltError(f"the GPU executor runs groupwise-int dense artifacts (fusion plan 'split') only for "
-                            f"now; this artifact uses plan {fusion!r}; use --device cpu")
+    if fusion not in FUSIONS:
+        raise NotBuiltError(f"the GPU executor runs dense artifacts of fusion plans {', '.join(FUSIONS)} only "
+                            f"for now; this artifact uses plan {fusion!r}; use --device cpu")
     if max_seqs < 1 or max_context < 1:
         raise UsageError(f"max_seqs and max_context must be >= 1, got {max_seqs} and {max_context}")
     if not 1 <= prefill_chunk <= MAX_PREFILL_CHUNK:
         raise UsageError(f"--prefill-chunk must be 1..{MAX_PREFILL_CHUNK} tokens, got {prefill_chunk}")
     placements = []
-    for name, sources, stored in decode_weights(config):
+    for name, sources, stored in decode_weights(config, fusion):
         missing = [s for s in sources if s not in expected]
         if missing:
             raise ArtifactError(f"the artifact has no tensor {missing[0]}; it is not a dense Qwen3.5 "
                                 "artifact this executor can run")
         src = [expected[s] for s in sources]
+        rows = None
         if stored == DEQUANT_BF16:
             fmt, shape = "BF16", src[0].shape
             nbytes = int(shape[0]) * int(shape[1]) * BF16
@@ -344,11 +372,18 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
         else:
             e = src[0]
             fmt, shape = e.format, e.shape
-            if gemv_epilogue(name) is not None and fmt not in FORMATS:
+            rows = split_rows(config, name) if stored == ROWS else None
+            if rows is not None:
+                shape = (rows[1] - rows[0], e.shape[1])
+                if rows[1] > e.shape[0] or (fmt == "NVFP4" and (rows[0] % 128 or rows[1] % 128)):
+                    raise NotBuiltError(f"{name}: rows {rows[0]}..{rows[1]} of the fused {e.name} {list(e.shape)} "
+                                        f"({fmt}) cannot be split off on load; use --device cpu")
+            if gemv_epilogue(name) is not None and fmt not in FORMATS and fmt not in GEMV_FORMATS_EXTRA:
                 raise NotBuiltError(f"the GPU executor has no GEMV kernel for {fmt} weights ({name}) yet; "
                                     "use --device cpu")
             nbytes = formats.packed_nbytes(fmt, e.layout, tuple(shape))
-        placements.append(Placement(name, sources, fmt, tuple(int(d) for d in shape), stored, int(nbytes)))
+        placements.append(Placement(name, sources, fmt, tuple(int(d) for d in shape), stored, int(nbytes),
+                                    rows=rows))
     kv = KvSizing(len(config.attention_layers), config.n_kv_heads, config.head_dim, max_seqs, max_context)
     gdn = GdnSizing(len(config.gdn_layers), max_seqs, config.conv_dim, config.conv_kernel - 1,
                     config.gdn_v_heads, config.gdn_k_dim, config.gdn_v_dim)

@@ -3,7 +3,8 @@
 Quantized matrices go up as their `row-split-k128-v1` payloads, byte for byte (the GEMV kernel
 reads that layout directly: no load-time repack, see inferno/kernels/qlayout.py); BF16 / FP32
 vectors as they are; the embedding table dequantized to bf16 (the gather kernel reads bf16
-rows); the GDN a and b projections concatenated into one [2 Hv, H] bf16 matrix (one GEMM).
+rows); the GDN a and b projections concatenated into one [2 Hv, H] bf16 matrix (one GEMM);
+a row range of a fused NVFP4 (or BF16) input projection re-packed as a matrix of its own.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from inferno.artifact.identities import ExpectedTensor
 from inferno.cuda.memory import DeviceBuffer
 from inferno.errors import ArtifactError
 from inferno.model.gpu.ops import Ops
-from inferno.model.gpu.residency import CONCAT, DEQUANT_BF16, PAYLOAD, Placement, ResidencyPlan
+from inferno.model.gpu.residency import CONCAT, DEQUANT_BF16, PAYLOAD, ROWS, Placement, ResidencyPlan
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ def host_image(p: Placement, artifact: Artifact, expected: dict[str, ExpectedTen
     elif p.stored == DEQUANT_BF16:
         e = expected[p.sources[0]]
         data = formats.decode(e.format, e.layout, artifact.tensor_bytes(e.name), e.shape).astype(bfloat16)
+    elif p.stored == ROWS:
+        data = _row_slice(expected[p.sources[0]], artifact.tensor_bytes(p.sources[0]), *p.rows)
     elif p.stored == CONCAT:
         data = np.concatenate([np.frombuffer(artifact.tensor_bytes(s), np.uint8) for s in p.sources])
     else:
@@ -46,6 +49,18 @@ def host_image(p: Placement, artifact: Artifact, expected: dict[str, ExpectedTen
         raise ArtifactError(f"{artifact.path}: {p.name} holds {data.nbytes} bytes, its format needs {p.nbytes}; "
                             "the artifact is damaged")
     return data
+
+
+def _row_slice(e: ExpectedTensor, payload, r0: int, r1: int) -> np.ndarray:
+    """Rows [r0, r1) of the [N, K] tensor `e` as a payload of the same format (NVFP4: same divisor)."""
+    if e.format == "NVFP4":
+        from inferno.artifact.formats import nvfp4
+
+        codes, scales, d = nvfp4.unpack(payload, e.shape)
+        return nvfp4.pack(codes[r0:r1], scales[r0:r1], d)
+    if e.format == "BF16":
+        return np.frombuffer(payload, np.uint8).reshape(e.shape[0], -1)[r0:r1].reshape(-1)
+    raise AssertionError(f"no row slicing for {e.format} ({e.name})")
 
 
 def upload_weights(ops: Ops, artifact: Artifact, expected: dict[str, ExpectedTensor], plan: ResidencyPlan,

@@ -1,0 +1,189 @@
+"""CPU: the GPU executor on a tiny NVFP4 artifact (fusion plan "nvfp4"). The residency plan splits
+the fused input projections by rows into NVFP4 matrices of their own; the emulated launch sequence
+(numpy models of the kernels) matches the reference executor; every NVFP4 GEMV the decode path
+launches passes the real launcher's checks against a real (sm_90a) manifest."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from inferno.artifact import open_checked
+from inferno.artifact.formats import nvfp4
+from inferno.artifact.synth import synthesize_artifact
+from inferno.errors import NotBuiltError
+from inferno.kernels.build import dsl_available
+from inferno.model.gpu import GpuExecutor
+from inferno.model.gpu.diagnose import layer_errors, report, rms_rel
+from inferno.model.gpu.emulator import EmulatedOps
+from inferno.model.gpu.residency import ROWS, decode_weights, plan_residency, split_rows
+from inferno.model.gpu.weights import host_image
+
+LOGITS_RMS_REL = 0.03
+NEAR_TIE = 0.1
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    path = tmp_path_factory.mktemp("nvfp4") / "tiny-nvfp4.ninfer"
+    synthesize_artifact("tiny-dense", path, weights_id="nvfp4", progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def opened(artifact):
+    a, spec, config, expected = open_checked(artifact)
+    yield a, spec, config, {e.name: e for e in expected}
+    a.close()
+
+
+@pytest.fixture(scope="module")
+def reference(artifact):
+    from inferno.artifact import model_source
+    from inferno.model.reference import ReferenceExecutor
+
+    src = model_source(artifact)
+    return ReferenceExecutor(src.config, src.weights)
+
+
+def test_plan_splits_the_fused_projections_by_rows(opened):
+    a, spec, config, expected = opened
+    assert spec.plan == "nvfp4"
+    plan = plan_residency(config, expected, 1, 128, spec.plan)
+    assert [p.name for p in plan.placements] == [n for n, _, _ in decode_weights(config, "nvfp4")]
+    by_name = {p.name: p for p in plan.placements}
+    for i, kind in enumerate(config.layer_types):
+        pre = f"text/layers/{i}/"
+        if kind == "full_attention":
+            fused, halves = pre + "attention/query_key_gate_value", ("attention/query_key", "attention/gate_value")
+        else:
+            fused, halves = pre + "gdn/query_key_value_z", ("gdn/query_key", "gdn/value_z")
+        e = expected[fused]
+        assert e.format == "NVFP4"
+        parts = [by_name[pre + h] for h in halves]
+        assert [p.stored for p in parts] == [ROWS, ROWS] and all(p.sources == (fused,) for p in parts)
+        assert parts[0].rows == (0, parts[1].rows[0]) and parts[1].rows[1] == e.shape[0]
+        whole = nvfp4.decode(a.tensor_bytes(fused), e.shape)
+        for p in parts:
+            assert p.fmt == "NVFP4" and p.rows == split_rows(config, p.name)
+            img = host_image(p, a, expected)
+            assert img.nbytes == p.nbytes == nvfp4.geometry(p.shape).nbytes
+            np.testing.assert_array_equal(nvfp4.decode(img.tobytes(), p.shape), whole[p.rows[0]:p.rows[1]])
+    for name in ("mlp/gate_up", "mlp/down"):
+        assert by_name[f"text/layers/0/{name}"].fmt == "NVFP4"
+
+
+def test_unsplittable_rows_are_refused(opened):
+    a, spec, config, expected = opened
+    import dataclasses
+
+    bad = dict(expected)
+    name = next(n for n in expected if n.endswith("gdn/query_key_value_z"))
+    e = expected[name]
+    bad[name] = dataclasses.replace(e, shape=(e.shape[0] - 128, e.shape[1]))
+    with pytest.raises(NotBuiltError, match="cannot be split off"):
+        plan_residency(config, bad, 1, 128, spec.plan)
+    with pytest.raises(NotBuiltError, match="fusion plans split, nvfp4"):
+        plan_residency(config, expected, 1, 128, "fused-everything")
+
+
+@pytest.fixture(scope="module")
+def emulated(artifact):
+    return GpuExecutor(artifact, emulate=True, max_seqs=2, max_context=256, progress=False)
+
+
+@pytest.mark.parametrize("length", [10, 100])
+def test_emulated_greedy_matches_reference(emulated, reference, length):
+    ex, ref = emulated, reference
+    tokens = [(5 + 7 * i) % ex.config.vocab for i in range(length)]
+    rs, gs = ref.new_state(), ex.new_state()
+    try:
+        lr, lg = ref.prefill(tokens, rs), ex.prefill(tokens, gs)
+        for step in range(8):
+            assert rms_rel(lg, lr) < LOGITS_RMS_REL, f"step {step}: logits rms rel {rms_rel(lg, lr):.4f}"
+            got, want = int(lg.argmax()), int(lr.argmax())
+            assert got == want or lr[want] - lr[got] <= NEAR_TIE, f"step {step}: picked {got}, reference {want}"
+            lr, lg = ref.step(got, rs), ex.step(got, gs)
+    finally:
+        ex.release(gs)
+
+
+def test_emulated_layers_match_reference(emulated, reference):
+    errors, logits = layer_errors(emulated, reference, [(3 + 11 * i) % 2048 for i in range(40)])
+    assert all(e.mixer < 0.03 and e.residual < 0.02 for e in errors) and logits < LOGITS_RMS_REL, \
+        report(errors, logits)
+
+
+@pytest.mark.skipif(not dsl_available(), reason="the CuTe DSL is not installed (kernels cannot be built)")
+def test_nvfp4_gemv_launches_pass_the_launcher(artifact, tmp_path, monkeypatch):
+    """Each NVFP4 GEMV of a decode step goes through GemvNvfp4 with the built manifest (launch recorded)."""
+    from inferno.cuda.params import PackedParams, ParamLayout, ParamSpec
+    from inferno.kernels import cache
+    from inferno.kernels import gemv_nvfp4_variants as gf
+    from inferno.kernels.manifest import Manifest
+
+    launches: list[tuple[str, tuple]] = []
+
+    def record(kernel, grid, block, params, smem=0, stream=None, cluster=None):
+        m = kernel.manifest
+        assert isinstance(params, PackedParams) and list(params.layout.sizes) == [p.size for p in m.params]
+        assert list(block) == m.block and smem == m.smem
+        launches.append((kernel.name, tuple(grid)))
+
+    def load(v):
+        cache.ensure_built(v, "sm_90a", tmp_path)
+        m = Manifest.read(tmp_path / "sm_90a" / f"{v.name}.json")
+        specs = [ParamSpec(p.name, p.kind, p.size, p.align, len(p.dyn_shape) if p.kind == "tensor" else 0,
+                           len(p.dyn_stride)) for p in m.params]
+        return cache.LoadedKernel(v, m, types.SimpleNamespace(name=v.name, manifest=m), ParamLayout(specs, v.name), 132)
+
+    launchers: dict[str, gf.GemvNvfp4] = {}
+    real_gemv = EmulatedOps.gemv
+
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None):
+        if fmt == "NVFP4":
+            name = gf.variant_name(epilogue, 1)
+            if name not in launchers:
+                launchers[name] = gf.GemvNvfp4(load(gf.gemv_nvfp4_variant(name)))
+            launchers[name](w, x, y, n, k, 1, r=r)
+        real_gemv(self, fmt, epilogue, w, x, y, n, k, r)
+
+    monkeypatch.setattr(gf, "launch", record)
+    monkeypatch.setattr(EmulatedOps, "gemv", gemv)
+    ex = GpuExecutor(artifact, emulate=True, max_seqs=1, max_context=64, progress=False)
+    s = ex.new_state()
+    try:
+        ex.step(5, s)
+    finally:
+        ex.release(s)
+    c = ex.config
+    assert len(launches) == 5 * c.n_layers, launches  # per layer: input projections (2), output, gate_up, down
+    outs = {"gemv_nvfp4_t1_swiglu": c.intermediate, "gemv_nvfp4_t1_res": c.hidden}
+    for name, grid in launches:
+        assert grid[0] >= 1 and (name not in outs or grid[0] == -(-outs[name] // (2 if "swiglu" in name else 4)))
+
+
+@pytest.mark.skipif(not dsl_available(), reason="the CuTe DSL is not installed (kernels cannot be built)")
+def test_cuda_ops_resolves_the_nvfp4_gemv(tmp_path, monkeypatch):
+    """CudaOps picks GemvNvfp4 for NVFP4 weights and GemvQ for the groupwise ones (no device needed)."""
+    from inferno.kernels import cache
+    from inferno.kernels.gemv_nvfp4_variants import GemvNvfp4
+    from inferno.kernels.gemv_variants import GemvQ
+    from inferno.kernels.manifest import Manifest
+    from inferno.model.gpu.ops import CudaOps
+
+    def load(v, device=None, root=None):
+        cache.ensure_built(v, "sm_90a", tmp_path)
+        m = Manifest.read(tmp_path / "sm_90a" / f"{v.name}.json")
+        return cache.LoadedKernel(v, m, None, None, 132)
+
+    monkeypatch.setattr(cache, "load", load)
+    ops = CudaOps.__new__(CudaOps)
+    ops.device, ops._gemv = types.SimpleNamespace(arch="sm_90a"), {}
+    ops.preload_gemv({("NVFP4", "swiglu"), ("NVFP4", "residual"), ("W8G32_F16S", "plain")})
+    assert isinstance(ops._gemv_launcher("NVFP4", "swiglu"), GemvNvfp4)
+    assert ops._gemv_launcher("NVFP4", "residual").name == "gemv_nvfp4_t1_res"
+    assert isinstance(ops._gemv_launcher("W8G32_F16S", "plain"), GemvQ)
+    assert sorted(ops._gemv) == ["gemv_nvfp4_t1_res", "gemv_nvfp4_t1_swiglu", "gemv_w8_t1"]
