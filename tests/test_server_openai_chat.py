@@ -56,7 +56,7 @@ def test_seed_makes_sampling_repeatable():
 
 def test_stream_chunks_and_include_usage():
     stream = client(h.reference()).chat.completions.create(
-        model=h.MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=5, stream=True, stream_options={"include_usage": True}
+        model=h.MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=5, seed=1, stream=True, stream_options={"include_usage": True}
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"

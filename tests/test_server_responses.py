@@ -38,7 +38,7 @@ def test_non_stream_with_reasoning_and_message_items():
 
 
 def test_max_output_tokens_gives_incomplete():
-    r = client(h.reference()).responses.create(model=h.MODEL_ID, input="hi", max_output_tokens=4)
+    r = client(h.reference()).responses.create(model=h.MODEL_ID, input="hi", max_output_tokens=4, temperature=0)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 4
 
