@@ -7,6 +7,10 @@ that the tiled GEMM runs on a couple of CTAs: here each CTA owns `rows` weight r
 ..., so every weight row is read once, coalesced, and the grid has N / rows CTAs. Each x chunk
 is reused `rows` times. Partial sums reduce with warp shuffles, then through shared memory.
 K must be a multiple of 8 (16-byte rows); N and T are free.
+
+Epilogues: "plain"; "residual" (y = r + W x, r bf16 [T, N]); "swiglu" (W rows = [gate I | up I],
+out[t, i] = silu(gate_i . x_t) * (up_i . x_t), out [T, I]; a CTA owns the gate and up rows of its
+rows / 2 outputs).
 """
 
 import cuda.bindings.driver as cuda
@@ -20,34 +24,43 @@ VEC = 8  # bf16 per 16-byte load
 class GemvBf16:
     """One CTA per `rows` weight rows; `threads` threads split K in 16-byte chunks."""
 
-    def __init__(self, cols: int, rows: int = 1, threads: int = 128, unroll: int = 2):
+    def __init__(self, cols: int, rows: int = 1, threads: int = 128, unroll: int = 2, epilogue: str = "plain"):
         if not 1 <= cols <= 8:
             raise ValueError("cols must be 1..8")
+        if epilogue not in ("plain", "residual", "swiglu"):
+            raise ValueError("epilogue must be plain, residual or swiglu")
+        if epilogue == "swiglu" and rows % 2:
+            raise ValueError("swiglu needs an even number of rows (gate + up per output)")
         if threads % 32 or rows * cols > threads:
             raise ValueError("threads must be whole warps and at least rows * cols")
         self.cols, self.rows, self.threads, self.unroll = cols, rows, threads, unroll
         self.warps = threads // 32
+        self.epilogue = epilogue
+        self.outs = rows // 2 if epilogue == "swiglu" else rows
 
     @cute.jit
-    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, stream: cuda.CUstream):
-        n = cute.size(mY, mode=[1])
-        grid = ((n + self.rows - 1) // self.rows, 1, 1)
-        self.kernel(mW, mX, mY).launch(grid=grid, block=(self.threads, 1, 1), stream=stream)
+    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor,
+                 stream: cuda.CUstream):
+        m = cute.size(mY, mode=[1])
+        grid = ((m + self.outs - 1) // self.outs, 1, 1)
+        self.kernel(mW, mX, mR, mY).launch(grid=grid, block=(self.threads, 1, 1), stream=stream)
 
     @cute.kernel
-    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor):
+    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32
-        n = cute.size(mY, mode=[1])
+        n_out = cute.size(mY, mode=[1])
         t_rows = cute.size(mX, mode=[0])
         k = cute.size(mX, mode=[1])
         nchunks = k // VEC
 
-        # Rows past the end re-read the last row and are not stored.
-        r0 = bidx * self.rows
-        gW = [cute.zipped_divide(mW[cutlass.min(r0 + r, n - 1), None], (VEC,)) for r in range(self.rows)]
+        # Row r serves output o0 + r % outs (the up half for swiglu when r >= outs); outputs past
+        # the end re-read the last row and are not stored.
+        o0 = bidx * self.outs
+        gW = [cute.zipped_divide(mW[cutlass.min(o0 + r % self.outs, n_out - 1) + (r // self.outs) * n_out, None],
+                                 (VEC,)) for r in range(self.rows)]
         gX = [cute.zipped_divide(mX[t, None], (VEC,)) for t in range(self.cols)]
 
         acc = cute.make_rmem_tensor((self.rows * self.cols,), cutlass.Float32)
@@ -79,12 +92,20 @@ class GemvBf16:
                 red[warp, e] = v
         cute.arch.sync_threads()
 
-        if tidx < self.rows * self.cols:
-            r = tidx // self.cols
+        if tidx < self.outs * self.cols:
+            oi = tidx // self.cols
             t = tidx % self.cols
-            if r0 + r < n:
+            o = o0 + oi
+            if o < n_out:
                 if t < t_rows:
                     a = cutlass.Float32(0.0)
                     for w in cutlass.range_constexpr(self.warps):
                         a = a + red[w, tidx]
-                    mY[t, r0 + r] = a.to(cutlass.BFloat16)
+                    if cutlass.const_expr(self.epilogue == "swiglu"):
+                        u = cutlass.Float32(0.0)
+                        for w in cutlass.range_constexpr(self.warps):
+                            u = u + red[w, (oi + self.outs) * self.cols + t]
+                        a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * u
+                    if cutlass.const_expr(self.epilogue == "residual"):
+                        a = a + mR[t, o].to(cutlass.Float32)
+                    mY[t, o] = a.to(cutlass.BFloat16)

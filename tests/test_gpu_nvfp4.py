@@ -187,3 +187,140 @@ def test_cuda_ops_resolves_the_nvfp4_gemv(tmp_path, monkeypatch):
     assert ops._gemv_launcher("NVFP4", "residual").name == "gemv_nvfp4_t1_res"
     assert isinstance(ops._gemv_launcher("W8G32_F16S", "plain"), GemvQ)
     assert sorted(ops._gemv) == ["gemv_nvfp4_t1_res", "gemv_nvfp4_t1_swiglu", "gemv_w8_t1"]
+
+
+# ---- mixed NVFP4 + BF16 (the published qwen3.6-27b/nvfp4 keeps some matrices BF16) ------------------
+
+
+@pytest.fixture(scope="module")
+def mixed_identity():
+    """The tiny nvfp4 identity with the 27B's BF16 exceptions applied through the identity's own
+    format rule (`nvfp4_dense`): the first attention layer's input projections and output, and
+    GDN layer 0's output, stay BF16. Registered for the module (synth and open both check it)."""
+    import dataclasses
+
+    from inferno.artifact import identities
+    from inferno.artifact.synth import ModelConfig, preset_resources
+
+    config = ModelConfig.from_hf(preset_resources("tiny-dense", 0)[0])
+    attn = config.attention_layers[0]
+    key = f"{identities.TEST_PREFIX}tiny-dense/nvfp4"
+    spec = dataclasses.replace(identities.REGISTRY[key], assign=identities.nvfp4_dense(
+        frozenset({attn}), frozenset({attn}), frozenset({config.gdn_layers[0]})))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(identities.REGISTRY, key, spec)
+        yield attn, config.gdn_layers[0]
+
+
+@pytest.fixture(scope="module")
+def mixed_artifact(mixed_identity, tmp_path_factory):
+    path = tmp_path_factory.mktemp("nvfp4-mixed") / "tiny-nvfp4-mixed.ninfer"
+    synthesize_artifact("tiny-dense", path, weights_id="nvfp4", progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def mixed_reference(mixed_artifact):
+    from inferno.artifact import model_source
+    from inferno.model.reference import ReferenceExecutor
+
+    src = model_source(mixed_artifact)
+    return ReferenceExecutor(src.config, src.weights)
+
+
+def test_mixed_plan_keeps_the_bf16_matrices(mixed_identity, mixed_artifact):
+    attn, gdn = mixed_identity
+    a, spec, config, expected = open_checked(mixed_artifact)
+    a.close()
+    plan = plan_residency(config, {e.name: e for e in expected}, 1, 128, spec.plan)
+    fmt = {p.name: p.fmt for p in plan.placements}
+    bf16 = {f"text/layers/{attn}/attention/{m}" for m in ("query_key", "gate_value", "output")}
+    bf16.add(f"text/layers/{gdn}/gdn/output")
+    gemv = {n for n in fmt if n.endswith(("query_key", "gate_value", "value_z", "output", "mlp/down", "mlp/gate_up"))
+            and n.startswith("text/layers/")}
+    assert {n for n in gemv if fmt[n] == "BF16"} == bf16
+    assert all(fmt[n] == "NVFP4" for n in gemv - bf16)
+
+
+def test_mixed_emulated_greedy_matches_reference(mixed_artifact, mixed_reference):
+    ex = GpuExecutor(mixed_artifact, emulate=True, max_seqs=1, max_context=256, progress=False)
+    ref = mixed_reference
+    tokens = [(5 + 7 * i) % ex.config.vocab for i in range(40)]
+    rs, gs = ref.new_state(), ex.new_state()
+    try:
+        lr, lg = ref.prefill(tokens, rs), ex.prefill(tokens, gs)
+        for step in range(8):
+            assert rms_rel(lg, lr) < LOGITS_RMS_REL, f"step {step}: logits rms rel {rms_rel(lg, lr):.4f}"
+            got, want = int(lg.argmax()), int(lr.argmax())
+            assert got == want or lr[want] - lr[got] <= NEAR_TIE, f"step {step}: picked {got}, reference {want}"
+            lr, lg = ref.step(got, rs), ex.step(got, gs)
+    finally:
+        ex.release(gs)
+
+
+@pytest.mark.skipif(not dsl_available(), reason="the CuTe DSL is not installed (kernels cannot be built)")
+def test_cuda_ops_resolves_the_bf16_gemv(tmp_path, monkeypatch):
+    """CudaOps picks GemvBf16 with the matching epilogue for BF16 weights (no device needed)."""
+    from inferno.kernels import cache
+    from inferno.kernels.gemv_bf16_variants import GemvBf16
+    from inferno.kernels.manifest import Manifest
+    from inferno.model.gpu.ops import CudaOps
+
+    def load(v, device=None, root=None):
+        cache.ensure_built(v, "sm_90a", tmp_path)
+        m = Manifest.read(tmp_path / "sm_90a" / f"{v.name}.json")
+        return cache.LoadedKernel(v, m, None, None, 132)
+
+    monkeypatch.setattr(cache, "load", load)
+    ops = CudaOps.__new__(CudaOps)
+    ops.device, ops._gemv = types.SimpleNamespace(arch="sm_90a"), {}
+    ops.preload_gemv({("BF16", "plain"), ("BF16", "residual"), ("NVFP4", "plain")})
+    assert isinstance(ops._gemv_launcher("BF16", "residual"), GemvBf16)
+    assert ops._gemv_launcher("BF16", "plain").name == "gemv_bf16_t1"
+    assert sorted(ops._gemv) == ["gemv_bf16_t1", "gemv_bf16_t1_res", "gemv_nvfp4_t1"]
+
+
+@pytest.mark.skipif(not dsl_available(), reason="the CuTe DSL is not installed (kernels cannot be built)")
+def test_mixed_bf16_gemv_launches_pass_the_launcher(mixed_identity, mixed_artifact, tmp_path, monkeypatch):
+    """Each BF16 GEMV of a mixed decode step goes through GemvBf16 with the built manifest (launch recorded)."""
+    from inferno.cuda.params import ParamLayout, ParamSpec
+    from inferno.kernels import cache, launchers
+    from inferno.kernels import gemv_bf16_variants as gb
+    from inferno.kernels.manifest import Manifest
+    from inferno.kernels.registry import get
+
+    launches: list[tuple[str, tuple]] = []
+    built: dict[str, gb.GemvBf16] = {}
+
+    def launcher(name: str) -> gb.GemvBf16:
+        if name not in built:
+            v = get(name)
+            cache.ensure_built(v, "sm_90a", tmp_path)
+            m = Manifest.read(tmp_path / "sm_90a" / f"{name}.json")
+            specs = [ParamSpec(p.name, p.kind, p.size, p.align, len(p.dyn_shape) if p.kind == "tensor" else 0,
+                               len(p.dyn_stride)) for p in m.params]
+            kernel = types.SimpleNamespace(name=name)
+            built[name] = gb.GemvBf16(cache.LoadedKernel(v, m, kernel, ParamLayout(specs, name), 132))
+        return built[name]
+
+    real_gemv = EmulatedOps.gemv
+
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None):
+        if fmt == "BF16":
+            launcher(gb.variant_name(1, epilogue))(w, x, y, n, k, 1, r=r)
+        real_gemv(self, fmt, epilogue, w, x, y, n, k, r)
+
+    monkeypatch.setattr(launchers, "launch", lambda k, grid, block, params, smem, stream: launches.append(
+        (k.name, tuple(grid))))
+    monkeypatch.setattr(EmulatedOps, "gemv", gemv)
+    ex = GpuExecutor(mixed_artifact, emulate=True, max_seqs=1, max_context=64, progress=False)
+    s = ex.new_state()
+    try:
+        ex.step(5, s)
+    finally:
+        ex.release(s)
+    c = ex.config
+    q_width = c.n_heads * c.head_dim
+    # attention layer: query_key, gate_value (plain), output (residual); GDN layer 0: output (residual)
+    assert sorted(launches) == sorted([("gemv_bf16_t1", ((q_width + c.n_kv_heads * c.head_dim),) + (1, 1))] * 2
+                                      + [("gemv_bf16_t1_res", (c.hidden, 1, 1))] * 2), launches

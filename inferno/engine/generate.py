@@ -4,7 +4,9 @@
 prefills the prompt in chunks of `prefill_chunk` tokens (each `executor.prefill` call continues
 the same state), samples, and steps one token at a time until an EOS / stop token, the token
 limit, or cancellation. The state is released on every path, including an exception in the
-executor and a consumer that stops iterating early.
+executor and a consumer that stops iterating early. An executor that samples on the device
+(`samples_on_device(params)` true: the GPU executor for greedy and top_k 1..64) takes the
+request's uniform draws in `prefill_sample` / `step_sample` and returns tokens instead of logits.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def generate(
         stop_ids |= frozenset(executor.config.eos_token_ids)
     prompt = request.prompt_ids
     sampler = Sampler(request.sampling)
+    device_draw = _device_draw(executor, request)
     started = clock()
     first_at = started
     produced = 0
@@ -90,13 +93,18 @@ def generate(
             if cancelled():
                 yield TokenEvent(None, "cancelled", stats())
                 return
+            chunk = prompt[i : i + prefill_chunk]
             with guard:
-                logits = executor.prefill(prompt[i : i + prefill_chunk], state)
+                if device_draw is not None and i + prefill_chunk >= len(prompt):
+                    token = executor.prefill_sample(chunk, state, request.sampling, device_draw())
+                else:
+                    logits = executor.prefill(chunk, state)
         while True:
             if cancelled():
                 yield TokenEvent(None, "cancelled", stats())
                 return
-            token = sampler.sample(logits)
+            if device_draw is None:
+                token = sampler.sample(logits)
             produced += 1
             if produced == 1:
                 first_at = clock()
@@ -111,7 +119,23 @@ def generate(
                 yield TokenEvent(None, "cancelled", stats())
                 return
             with guard:
-                logits = executor.step(token, state)
+                if device_draw is None:
+                    logits = executor.step(token, state)
+                else:
+                    token = executor.step_sample(token, state, request.sampling, device_draw())
     finally:
         with guard:
             executor.release(state)
+
+
+def _device_draw(executor: Executor, request: GenerationRequest) -> Callable[[], float] | None:
+    """Where the executor samples `request` on the device (`samples_on_device`): the uniform draws
+    for it, one per token from a generator seeded as `Sampler` seeds its own and drawn as it draws
+    (none when greedy), so both paths pick the same tokens; else None (sample on the host)."""
+    supports = getattr(executor, "samples_on_device", None)
+    if supports is None or not supports(request.sampling):
+        return None
+    if request.sampling.greedy:
+        return lambda: 0.0
+    rng = np.random.default_rng(request.sampling.seed)
+    return lambda: float(rng.random())

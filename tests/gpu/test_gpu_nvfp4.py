@@ -5,7 +5,9 @@ input projections split by rows on load; prefill dequantises them (dequant_nvfp4
 Self-diagnosing: a failing comparison prints the first mismatching step, then every layer's mixer
 and residual-stream error vs the reference, for the GPU and for the numpy emulation of the same
 launch sequence (GPU bad but emulation good: a kernel's numerics; both bad: the wiring), and the
-NVFP4 GEMV alone on a layer's gate_up matrix vs numpy.
+NVFP4 GEMV alone on a layer's gate_up matrix vs numpy. A second artifact mixes NVFP4 and BF16
+matrices the way the published qwen3.6-27b/nvfp4 does (BF16 attention input/output projections of
+one layer, a BF16 GDN output): its BF16 matrices run on the bf16 GEMV (plain and residual).
 """
 
 from __future__ import annotations
@@ -86,11 +88,9 @@ def test_decode_uses_the_nvfp4_gemv(graph_ex):
         sorted(graph_ex.ops._gemv)
 
 
-@pytest.mark.parametrize("length", [10, 100])
-def test_greedy_tokens_match_reference(artifact, reference, graph_ex, length):
+def run_greedy(artifact, ref: ReferenceExecutor, ex: GpuExecutor, length: int) -> None:
     """32 free-running greedy steps; every pick must be the reference's argmax on the same sequence
     (or a near-tie there), and the logits within the bf16 bound."""
-    ex, ref = graph_ex, reference
     tokens = prompt_of(length, ex.config.vocab)
     rs, gs = ref.new_state(), ex.new_state()
     problems: list[str] = []
@@ -118,6 +118,11 @@ def test_greedy_tokens_match_reference(artifact, reference, graph_ex, length):
         pytest.fail(f"first mismatch: {problems[0]}\n" + diagnose(artifact, ref, ex, tokens))
 
 
+@pytest.mark.parametrize("length", [10, 100])
+def test_greedy_tokens_match_reference(artifact, reference, graph_ex, length):
+    run_greedy(artifact, reference, graph_ex, length)
+
+
 def test_graph_equals_eager(artifact, graph_ex):
     eager = GpuExecutor(artifact, max_seqs=1, max_context=MAX_CONTEXT, cuda_graph=False, progress=False)
     tokens = prompt_of(40, graph_ex.config.vocab)
@@ -136,3 +141,42 @@ def test_graph_equals_eager(artifact, graph_ex):
         eager.close()
     diff = np.abs(out[0] - out[1]).max(axis=1)
     assert not (diff > 0).any(), f"graph and eager logits differ first at step {int(np.argmax(diff > 0))}"
+
+
+@pytest.fixture(scope="module")
+def mixed_artifact(tmp_path_factory):
+    """The tiny nvfp4 identity with the 27B's kind of BF16 exceptions, through the identity's own
+    rule (`nvfp4_dense`): the first attention layer's input projections and output, and GDN layer
+    0's output, stay BF16. Registered for the module (synth and open both check it)."""
+    import dataclasses
+
+    from inferno.artifact import identities
+    from inferno.artifact.synth import ModelConfig, preset_resources
+
+    config = ModelConfig.from_hf(preset_resources("tiny-dense", 0)[0])
+    attn = config.attention_layers[0]
+    key = f"{identities.TEST_PREFIX}tiny-dense/nvfp4"
+    spec = dataclasses.replace(identities.REGISTRY[key], assign=identities.nvfp4_dense(
+        frozenset({attn}), frozenset({attn}), frozenset({config.gdn_layers[0]})))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(identities.REGISTRY, key, spec)
+        path = tmp_path_factory.mktemp("gpu-nvfp4-mixed") / "tiny-nvfp4-mixed.ninfer"
+        synthesize_artifact("tiny-dense", path, weights_id="nvfp4")
+        yield path
+
+
+def test_mixed_bf16_nvfp4_greedy_matches_reference(mixed_artifact):
+    """32 greedy steps on the mixed artifact; the BF16 matrices go through gemv_bf16_t1[_res]."""
+    src = model_source(mixed_artifact)
+    ref = ReferenceExecutor(src.config, src.weights)
+    ex = GpuExecutor(mixed_artifact, max_seqs=1, max_context=MAX_CONTEXT, cuda_graph=True, progress=False)
+    try:
+        from inferno.model.gpu.residency import gemv_kinds
+
+        kinds = gemv_kinds(ex.plan.placements)
+        assert {("BF16", "plain"), ("BF16", "residual"), ("NVFP4", "swiglu")} <= kinds, kinds
+        assert {"gemv_bf16_t1", "gemv_bf16_t1_res"} <= set(ex.ops._gemv), sorted(ex.ops._gemv)
+        for length in (10, 100):
+            run_greedy(mixed_artifact, ref, ex, length)
+    finally:
+        ex.close()

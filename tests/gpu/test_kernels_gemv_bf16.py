@@ -36,23 +36,33 @@ def _describe(y: np.ndarray, want: np.ndarray) -> str:
     return f"worst at column t={t}, row {row}: got {y[t, row]}, want {want[t, row]:.5g}; {bad} outputs off"
 
 
-def run_case(device, rng, n: int, k: int, cols: int, variant_cols: int | None = None) -> None:
-    kern = GemvBf16.load(variant_cols or cols, device)
+def run_case(device, rng, n: int, k: int, cols: int, variant_cols: int | None = None,
+             epilogue: str = "plain") -> None:
+    kern = GemvBf16.load(variant_cols or cols, device, epilogue)
+    m = n // 2 if epilogue == "swiglu" else n
     w = (rng.standard_normal((n, k), np.float32) * 0.05).astype(bf16)
     x = rng.standard_normal((cols, k), np.float32).astype(bf16)
+    r = rng.standard_normal((cols, m), np.float32).astype(bf16)
     dw, dx = to_device(None, w, "w"), to_device(None, x, "x")
-    out_bytes = cols * n * 2
+    dr = to_device(None, r, "r") if epilogue == "residual" else None
+    out_bytes = cols * m * 2
     dy = device_alloc(out_bytes + GUARD, "y")
     memset_d8(dy, 0xFF)  # bf16 0xFFFF is a NaN: any output left unwritten shows
     try:
-        kern(dw, dx, dy, n, k, cols)
+        kern(dw, dx, dy, n, k, cols, r=dr)
         raw = from_device(dy, np.uint8, (out_bytes + GUARD,))
     finally:
-        for b in (dw, dx, dy):
-            b.free()
+        for b in (dw, dx, dy, dr):
+            if b is not None:
+                b.free()
     where = f"{kern.name} n={n} k={k} cols={cols}"
-    y = raw[:out_bytes].view(bf16).reshape(cols, n).astype(np.float32)
+    y = raw[:out_bytes].view(bf16).reshape(cols, m).astype(np.float32)
     want = x.astype(np.float64) @ w.astype(np.float64).T
+    if epilogue == "residual":
+        want = want + r.astype(np.float64)
+    elif epilogue == "swiglu":
+        gate, up = want[:, :m], want[:, m:]
+        want = gate / (1.0 + np.exp(-gate)) * up
     guard = np.flatnonzero(raw[out_bytes:] != 0xFF)
     assert guard.size == 0, f"{where}: {guard.size} guard bytes past the output written (first at +{guard[0]})"
     unwritten = np.argwhere(np.isnan(y))
@@ -65,6 +75,19 @@ def run_case(device, rng, n: int, k: int, cols: int, variant_cols: int | None = 
 @pytest.mark.parametrize("n,k", [AB, HEAD, RAGGED, TINY])
 def test_gemv_bf16(device, rng, n, k, cols):
     run_case(device, rng, n, k, cols)
+
+
+@pytest.mark.parametrize("epilogue", ["residual", "swiglu"])
+@pytest.mark.parametrize("cols", [1, 2, 4, 8])
+@pytest.mark.parametrize("n,k", [AB, (2002, 200), (6, 8)])
+def test_gemv_bf16_epilogues(device, rng, n, k, cols, epilogue):
+    run_case(device, rng, n, k, cols, epilogue=epilogue)
+
+
+@pytest.mark.parametrize("epilogue", ["residual", "swiglu"])
+def test_epilogues_fewer_columns_than_variant(device, rng, epilogue):
+    run_case(device, rng, 2002, 200, 3, 4, epilogue)
+    run_case(device, rng, 2002, 200, 5, 8, epilogue)
 
 
 @pytest.mark.parametrize("cols,variant", [(3, 4), (5, 8), (7, 8), (1, 8)])

@@ -107,6 +107,8 @@ class EmulatedOps:
     def _weights(self, fmt: str, w: DeviceBuffer, n: int, k: int) -> np.ndarray:
         key = (w.ptr, n, k, fmt)
         m = self._dequant.get(key)
+        if m is None and fmt == "BF16":
+            m = self._dequant[key] = self._get(w, bfloat16, n * k).reshape(n, k).astype(np.float32)
         if m is None and fmt == "NVFP4":
             from inferno.artifact.formats import nvfp4
 
@@ -318,6 +320,17 @@ class EmulatedOps:
     def argmax(self, x, out, n) -> None:
         self.launches += 1
         self._put(out, np.array([np.argmax(self._get(x, bfloat16, n))], np.int32), np.int32)
+
+    def sample(self, logits, counts, scratch, out, n, params, u) -> None:
+        """The device sampler's numpy model (`reference_token`): out[0] = token, counts[token] += 1."""
+        from inferno.kernels.sample_variants import reference_token
+
+        self.launches += 2
+        c = self._get(counts, np.int32, n)
+        token = reference_token(self._get(logits, bfloat16, n).astype(np.float32), c, params, u)
+        c[token] += 1
+        self._put(counts, c, np.int32)
+        self._put(out, np.array([token], np.int32), np.int32)
 
     def close(self) -> None:
         self._dequant.clear()

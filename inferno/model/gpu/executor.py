@@ -24,7 +24,9 @@ from ml_dtypes import bfloat16
 
 from inferno.bench.accounting import StateDtypes
 from inferno.cuda.errors import OutOfMemoryError
+from inferno.engine.params import SamplingParams
 from inferno.errors import UsageError
+from inferno.kernels.sample_variants import device_supports
 from inferno.model.config import ModelConfig
 from inferno.model.executor import State
 from inferno.model.gpu.layers import DecodeProgram
@@ -160,7 +162,9 @@ class GpuExecutor:
     def new_state(self) -> GpuState:
         with self._lock:
             self._enter()
-            return self.states.new()
+            st = self.states.new()
+            self.ops.zero(self._sample_counts(st))  # the device sampler's penalties start from nothing
+            return st
 
     def prefill(self, tokens: Sequence[int], state: State) -> np.ndarray:
         """Append `tokens` (in chunks of up to `prefill_chunk`); logits of the last, fp32 `[vocab]`."""
@@ -190,6 +194,47 @@ class GpuExecutor:
     def step_greedy(self, token: int, state: State) -> int:
         """`step`, returning the greedy next token instead of the logits."""
         return self.prefill_greedy([token], state)
+
+    # ---- device sampling ---------------------------------------------------------------------------
+    def samples_on_device(self, params: SamplingParams) -> bool:
+        """Whether `prefill_sample` / `step_sample` take `params` (greedy, or top_k 1..64)."""
+        return device_supports(params, self.config.vocab)
+
+    def prefill_sample(self, tokens: Sequence[int], state: State, params: SamplingParams, u: float) -> int:
+        """`prefill`, then sample the next token on the device with the uniform draw `u` (4 bytes come back).
+
+        Penalties count the tokens this state sampled on the device (as `Sampler` counts its own)."""
+        ids = self._token_ids(tokens)
+        with self._lock:
+            self._enter()
+            st = self._check_state(state)
+            if not self.samples_on_device(params):
+                raise UsageError(f"top_k {params.top_k} is not sampled on the device; use prefill and sample "
+                                 "on the host (check samples_on_device first)")
+            self._append(ids, st)
+            return self._read_sample(st, params, u)
+
+    def step_sample(self, token: int, state: State, params: SamplingParams, u: float) -> int:
+        """`step`, returning the next token sampled on the device instead of the logits."""
+        return self.prefill_sample([token], state, params, u)
+
+    def _sample_counts(self, st: GpuState):
+        row = self.config.vocab * 4
+        return self.program.ws["sample_counts"].view(st.slot * row, row)
+
+    def _read_sample(self, st: GpuState, params: SamplingParams, u: float) -> int:
+        if self.cuda_graph:
+            self.graphs["head"][1].launch(self.ops.stream)
+        else:
+            self.program.head()
+        ws = self.program.ws  # the sampler runs eagerly after the head: its scalars change every call
+        self.ops.sample(ws["logits"], self._sample_counts(st), ws["sample_scratch"], ws["sampled"],
+                        self.config.vocab, params, u)
+        self.ops.read(self._token, ws["sampled"])
+        self.ops.synchronize()
+        self._pending = 0
+        self.prefill_program.synchronized()
+        return int(self._token[0])
 
     def release(self, state: State) -> None:
         """Return the state's GDN slot and KV pages; the state cannot be used afterwards (idempotent)."""

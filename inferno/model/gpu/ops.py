@@ -67,6 +67,8 @@ class Ops(Protocol):
                     part_o: DeviceBuffer, part_lse: DeviceBuffer, qg: DeviceBuffer, out: DeviceBuffer,
                     g: AttnGeometry) -> None: ...
     def argmax(self, x: DeviceBuffer, out: DeviceBuffer, n: int) -> None: ...
+    def sample(self, logits: DeviceBuffer, counts: DeviceBuffer, scratch: DeviceBuffer, out: DeviceBuffer, n: int,
+               params: Any, u: float) -> None: ...  # out[0] = token, counts[token] += 1
 
 
 def _missing(kernel: str, owner: str, why: str) -> NotBuiltError:
@@ -106,6 +108,7 @@ class CudaOps:
         self._gemv_bf16 = GemvBf16(load(get(bf16_gemv_name(1)), dev))
         self._gemv: dict[str, Any] = {}
         self._argmax: Any = None  # loaded on first greedy use (optional)
+        self._sampler: Any = None  # loaded on first device-sampled token (optional)
         if config.gdn_layers:
             try:
                 from inferno.kernels.gdn_variants import GDN_VARIANTS, GdnConv, GdnStep
@@ -135,6 +138,8 @@ class CudaOps:
         from inferno.kernels.cache import load
         from inferno.kernels.gemv_variants import GemvQ, gemv_variant, variant_name
 
+        if fmt == "BF16":
+            return self._gemv_bf16_launcher(epilogue)
         name = F.variant_name(epilogue, 1) if fmt == F.FORMAT else variant_name(fmt, epilogue, 1)
         g = self._gemv.get(name)
         if g is None:
@@ -142,6 +147,18 @@ class CudaOps:
                 g = self._gemv[name] = F.GemvNvfp4(load(F.gemv_nvfp4_variant(name), self.device))
             else:
                 g = self._gemv[name] = GemvQ(load(gemv_variant(name), self.device))
+        return g
+
+    def _gemv_bf16_launcher(self, epilogue: str) -> Any:
+        """The bf16 GEMV with `epilogue` (BF16 matrices of mixed identities such as nvfp4)."""
+        from inferno.kernels.cache import load
+        from inferno.kernels.gemv_bf16_variants import GemvBf16, variant_name
+        from inferno.kernels.registry import get
+
+        name = variant_name(1, epilogue)
+        g = self._gemv.get(name)
+        if g is None:
+            g = self._gemv[name] = GemvBf16(load(get(name), self.device))
         return g
 
     def preload_gemv(self, keys: set[tuple[str, str]]) -> None:
@@ -243,6 +260,13 @@ class CudaOps:
 
             self._argmax = Argmax.for_device(self.device)
         self._argmax(x, out, n, stream=self.stream)
+
+    def sample(self, logits, counts, scratch, out, n, params, u) -> None:
+        if self._sampler is None:
+            from inferno.kernels.sample_variants import DeviceSampler
+
+            self._sampler = DeviceSampler.for_device(self.device)
+        self._sampler(logits, counts, scratch, out, n, params, u, stream=self.stream)
 
     def close(self) -> None:
         self.stream.synchronize()

@@ -15,6 +15,7 @@ from inferno.artifact.identities import ExpectedTensor
 from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import fmt_bytes
 from inferno.errors import NotBuiltError
+from inferno.kernels.sample_variants import scratch_bytes
 from inferno.model.config import ModelConfig
 
 DEVICE = "device"
@@ -31,7 +32,8 @@ DEQUANT_BF16 = "bf16"  # dequantized to bf16 at load (the embedding table: the g
 CONCAT = "concat"  # BF16 sources concatenated by rows (GDN a | b projections: one GEMM)
 ROWS = "rows"  # a row range of one fused source, re-packed as its own matrix (fusion plan "nvfp4")
 FUSIONS = ("split", "nvfp4")  # fusion plans the GPU executor runs
-GEMV_FORMATS_EXTRA = ("NVFP4",)  # GEMV formats besides the groupwise-int ones (gemv_nvfp4_variants)
+# GEMV formats besides the groupwise-int ones (gemv_nvfp4_variants, gemv_bf16_variants)
+GEMV_FORMATS_EXTRA = ("NVFP4", "BF16")
 
 
 # GEMV epilogue of each quantized matrix the decode path multiplies by, by device-name suffix
@@ -132,8 +134,9 @@ class GdnSizing:
         return self.layers * (align_up(self.slots * self.conv_slot_bytes) + align_up(self.slots * self.recurrent_slot_bytes))
 
 
-def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int) -> dict[str, int]:
-    """The per-step activation buffers of the decode path (one sequence), name -> bytes."""
+def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int, seqs: int = 1) -> dict[str, int]:
+    """The per-step activation buffers of the decode path (one sequence), name -> bytes; and the
+    device sampler's token counts of `seqs` sequences (int32 [seqs, vocab], a row per GDN slot)."""
     c = config
     q_width = c.n_heads * c.head_dim
     kv_width = c.n_kv_heads * c.head_dim
@@ -151,6 +154,9 @@ def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int) -> d
         "act": c.intermediate * BF16,
         "logits": c.vocab * BF16,
         "argmax": I32,  # greedy pick (device argmax of the logits)
+        "sampled": I32,  # the device sampler's token
+        "sample_scratch": scratch_bytes(c.vocab),  # the device sampler's per-slice candidates
+        "sample_counts": seqs * c.vocab * I32,  # tokens generated per sequence (penalties), row = GDN slot
         # attention: per head [q | gate] (the kernels' layout), q after norm + RoPE, split-K partials
         "qg": 2 * q_width * BF16 if c.attention_layers else ALIGN,
         "q": q_width * FP32 if c.attention_layers else ALIGN,
@@ -389,5 +395,5 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
                     config.gdn_v_heads, config.gdn_k_dim, config.gdn_v_dim)
     splits = attn_splits(max_context, config.n_kv_heads) if config.attention_layers else 1
     placements_t = tuple(placements)
-    return ResidencyPlan(config, placements_t, kv, gdn, workspace_buffers(config, kv.pages_per_seq, splits),
+    return ResidencyPlan(config, placements_t, kv, gdn, workspace_buffers(config, kv.pages_per_seq, splits, max_seqs),
                          splits, prefill_chunk, prefill_buffers(config, prefill_chunk, placements_t, kv.pages_per_seq))
