@@ -39,6 +39,8 @@ class Argmax:
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mOut: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
+        cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
+        cute.arch.griddepcontrol_launch_dependents()
         warp = tidx // 32
         lane = tidx % 32
         chunks = cute.size(mX, mode=[0]) // VEC

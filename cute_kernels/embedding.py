@@ -32,6 +32,8 @@ class EmbeddingGather:
     @cute.kernel
     def kernel(self, mIds: cute.Tensor, mTable: cute.Tensor, mOut: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
+        cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
+        cute.arch.griddepcontrol_launch_dependents()
         bidx, row, _ = cute.arch.block_idx()
         vocab = cute.size(mTable, mode=[0])
         chunk = bidx * self.threads + tidx

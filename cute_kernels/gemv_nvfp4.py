@@ -74,6 +74,8 @@ class GemvNvfp4:
     @cute.kernel
     def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
+        cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
+        cute.arch.griddepcontrol_launch_dependents()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32

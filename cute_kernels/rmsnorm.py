@@ -93,6 +93,9 @@ class RMSNorm:
             if c < n_chunks:
                 cute.autovec_copy(gW[None, c], rW[None, i])
 
+        cute.arch.griddepcontrol_wait()  # PDL: the weight is read early; wait here for the previous kernel
+        cute.arch.griddepcontrol_launch_dependents()
+
         rX = cute.make_rmem_tensor((VEC, self.chunks), cutlass.BFloat16)
         rR = cute.make_rmem_tensor((VEC, self.chunks), cutlass.BFloat16)
         self.load_row(mX, first, m, n_chunks, lane, rX)

@@ -86,6 +86,8 @@ class SampleTopK:
     def kernel(self, mX: cute.Tensor, mCounts: cute.Tensor, mPV: cute.Tensor, mPI: cute.Tensor,
                presence: cutlass.Float32, frequency: cutlass.Float32):
         tidx, _, _ = cute.arch.thread_idx()
+        cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
+        cute.arch.griddepcontrol_launch_dependents()
         bidx, _, _ = cute.arch.block_idx()
         chunks = cute.size(mX, mode=[0]) // VEC
         gX = cute.zipped_divide(mX, (VEC,))
@@ -132,6 +134,8 @@ class SamplePick:
                top_k: cutlass.Int32, inv_t: cutlass.Float32, top_p: cutlass.Float32,
                min_p: cutlass.Float32, u: cutlass.Float32):
         tidx, _, _ = cute.arch.thread_idx()
+        cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
+        cute.arch.griddepcontrol_launch_dependents()
         total = cute.size(mPV, mode=[0])
         smem, sV, sI = _sort_buffers()
         sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout((K_MAX,)), byte_alignment=16)

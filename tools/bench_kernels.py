@@ -116,24 +116,31 @@ def norm_bandwidth(device: Device, stream: Stream, rng, rows: int, n: int, resid
     return {"variant": k.name, "rows": rows, "n": n, "bytes": nbytes, "ms": ms, "gbps": nbytes / ms / 1e6}
 
 
-def decode_norm_latency(device: Device, stream: Stream, rng, n: int = 5120, per_graph: int = 20) -> dict:
-    """Device time of one decode-step RMSNorm (1 row): `per_graph` launches captured in a CUDA graph
-    and replayed, so host launch cost is out of the picture."""
+def decode_norm_latency(device: Device, stream: Stream, rng, n: int = 5120, per_graph: int = 20,
+                        pdl: bool = False) -> dict:
+    """Device time of one decode-step RMSNorm (1 row): `per_graph` dependent launches (x -> y -> x ...)
+    captured in a CUDA graph and replayed, so host launch cost is out of the picture; with `pdl`
+    each launch is a programmatic dependent launch (it starts while its predecessor drains)."""
     from inferno.cuda.graph import Graph
 
     k = RMSNorm.for_width(n, device)
     x, w = to_device(None, rand_bf16(rng, (1, n)), "x"), to_device(None, rand_bf16(rng, (n,)), "w")
     y = device_alloc(n * 2, "y")
-    with Graph.capture(stream) as g:
-        for _ in range(per_graph):
-            k(x, w, y, 1, n, stream=stream)
+    stream.pdl = pdl
+    try:
+        with Graph.capture(stream) as g:
+            for i in range(per_graph):
+                a, b = (x, y) if i % 2 == 0 else (y, x)
+                k(a, w, b, 1, n, stream=stream)
+    finally:
+        stream.pdl = False
     ge = g.instantiate()
     ms = time_ms(lambda: ge.launch(stream), stream, inner=5) / per_graph
     ge.close()
     g.close()
     for b in (x, w, y):
         b.free()
-    return {"variant": k.name, "rows": 1, "n": n, "ms": ms}
+    return {"variant": k.name, "rows": 1, "n": n, "ms": ms, "pdl": pdl}
 
 
 def silu_bandwidth(device: Device, stream: Stream, rng, rows: int, inter: int) -> dict:
@@ -220,6 +227,7 @@ def main() -> None:
     res["add_rmsnorm"] = norm_bandwidth(device, stream, rng, 8192, 5120, residual=True)
     res["silu_mul"] = silu_bandwidth(device, stream, rng, 4096, 17408)
     res["rmsnorm_decode"] = decode_norm_latency(device, stream, rng)
+    res["rmsnorm_decode_pdl"] = decode_norm_latency(device, stream, rng, pdl=True)
     if not args.quick:
         log("model-shaped GEMMs (27B prefill of 7680 tokens: gate_up, down) and the SIMT fallback ...")
         res["gemm_shapes"] = [our_gemm(device, stream, rng, 7680, 34816, 5120),
@@ -246,8 +254,9 @@ def main() -> None:
     for g in res.get("gemm_shapes", []):
         rows.append((f"{g['variant']} {g['m']}x{g['n']}x{g['k']}", f"{g['tflops']:.0f} TFLOP/s",
                      f"{g['tflops'] / ref:.1%} of reference" if ref else "n/a"))
-    d = res["rmsnorm_decode"]
-    rows.append((f"{d['variant']} 1x5120 (decode)", f"{d['ms'] * 1e3:.1f} us", "latency"))
+    for key, how in (("rmsnorm_decode", "graph"), ("rmsnorm_decode_pdl", "graph, PDL")):
+        d = res[key]
+        rows.append((f"{d['variant']} 1x5120 (decode; {how})", f"{d['ms'] * 1e3:.2f} us", "latency"))
     for key in ("rmsnorm", "add_rmsnorm", "silu_mul"):
         r = res[key]
         rows.append((f"{r['variant']} {r.get('rows')}x{r.get('n', r.get('inter'))}", f"{r['gbps']:.0f} GB/s",

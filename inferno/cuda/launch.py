@@ -60,32 +60,48 @@ def _validate(kernel: Kernel, grid, block, params: PackedParams, smem: int, clus
     return g, b, c
 
 
-def _cluster_config(g, b, smem: int, c) -> Any:
+def _ex_config(g, b, smem: int, c, pdl: bool) -> Any:
+    """A cuLaunchKernelEx config with the cluster dimension `c` (or None) and, with `pdl`, the
+    programmatic stream serialization attribute."""
     cu = driver()
-    attr = cu.CUlaunchAttribute()
-    attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = c
+    attrs = []
+    if c is not None:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = c
+        attrs.append(attr)
+    if pdl:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
     cfg = cu.CUlaunchConfig()
     cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
     cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
     cfg.sharedMemBytes = smem
-    cfg.attrs = [attr]
-    cfg.numAttrs = 1
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
     return cfg
+
+
+def _pdl(kernel: Kernel, stream: Any) -> bool:
+    """Launch early (PDL) when the kernel waits for its predecessor in-kernel and the stream asks for it."""
+    return kernel.pdl and getattr(stream, "pdl", False)
 
 
 def launch(kernel: Kernel, grid, block, params: PackedParams, smem: int = 0, stream: Any = None,
            cluster: tuple | None = None) -> None:
-    """Validate and launch `kernel` (cuLaunchKernel; cuLaunchKernelEx when `cluster` > 1)."""
+    """Validate and launch `kernel` (cuLaunchKernel; cuLaunchKernelEx for a cluster > 1 or a PDL launch)."""
     g, b, c = _validate(kernel, grid, block, params, smem, cluster)
     cu = driver()
-    if c is None:
+    pdl = _pdl(kernel, stream)
+    if c is None and not pdl:
         (err,) = cu.cuLaunchKernel(kernel.handle, g[0], g[1], g[2], b[0], b[1], b[2], smem, _stream(stream),
                                    params.address, 0)
         if err:
             raise_for(err, "cuLaunchKernel", f"kernel {kernel.name} grid {g} block {b} smem {smem}")
     else:
-        cfg = _cluster_config(g, b, smem, c)
+        cfg = _ex_config(g, b, smem, c, pdl)
         cfg.hStream = _stream(stream)
         (err,) = cu.cuLaunchKernelEx(cfg, kernel.handle, params.address, 0)
         if err:
@@ -98,27 +114,24 @@ class Launch:
     The PackedParams stay referenced: rewrite them in place (`params.set(...)`) between calls.
     """
 
-    __slots__ = ("kernel", "params", "grid", "block", "smem", "cluster", "_fn", "_args", "_cfg")
+    __slots__ = ("kernel", "params", "grid", "block", "smem", "cluster", "_fn", "_args", "_cfg", "_pdl_cfg")
 
     def __init__(self, kernel: Kernel, grid, block, params: PackedParams, smem: int = 0, cluster: tuple | None = None):
         g, b, c = _validate(kernel, grid, block, params, smem, cluster)
         self.kernel, self.params, self.grid, self.block, self.smem, self.cluster = kernel, params, g, b, smem, c
         cu = driver()
-        if c is None:
-            self._fn = cu.cuLaunchKernel
-            self._args = (kernel.handle, g[0], g[1], g[2], b[0], b[1], b[2], smem)
-            self._cfg = None
-        else:
-            self._fn = cu.cuLaunchKernelEx
-            self._args = ()
-            self._cfg = _cluster_config(g, b, smem, c)
+        self._fn = cu.cuLaunchKernel
+        self._args = (kernel.handle, g[0], g[1], g[2], b[0], b[1], b[2], smem)
+        self._cfg = _ex_config(g, b, smem, c, False) if c is not None else None
+        self._pdl_cfg = _ex_config(g, b, smem, c, True) if kernel.pdl else None
 
     def __call__(self, stream: Any = None) -> None:
-        if self._cfg is None:
+        cfg = self._pdl_cfg if self._pdl_cfg is not None and getattr(stream, "pdl", False) else self._cfg
+        if cfg is None:
             (err,) = self._fn(*self._args, _stream(stream), self.params.address, 0)
         else:
-            self._cfg.hStream = _stream(stream)
-            (err,) = self._fn(self._cfg, self.kernel.handle, self.params.address, 0)
+            cfg.hStream = _stream(stream)
+            (err,) = driver().cuLaunchKernelEx(cfg, self.kernel.handle, self.params.address, 0)
         if err:
-            raise_for(err, "cuLaunchKernelEx" if self._cfg is not None else "cuLaunchKernel",
+            raise_for(err, "cuLaunchKernelEx" if cfg is not None else "cuLaunchKernel",
                       f"kernel {self.kernel.name} grid {self.grid} block {self.block} smem {self.smem}")

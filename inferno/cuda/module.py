@@ -116,6 +116,7 @@ class Kernel:
         self.name = name
         self.library = library
         self.max_dynamic_smem = 0
+        self.pdl = False  # waits for its predecessor in-kernel (griddepcontrol.wait): PDL launches allowed
         self._param_sizes: list[int] | None = None
         self._checked_layouts: dict[int, ParamLayout] = {}  # strong refs keep ids unique
 

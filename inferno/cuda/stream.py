@@ -9,13 +9,18 @@ from inferno.cuda.errors import check
 
 
 class Stream:
-    """A CUDA stream. `Stream.create()` makes a non-blocking one (no implicit sync with stream 0)."""
+    """A CUDA stream. `Stream.create()` makes a non-blocking one (no implicit sync with stream 0).
 
-    __slots__ = ("handle", "_owned")
+    `pdl`: launches of PDL-capable kernels (`Kernel.pdl`) on this stream use programmatic dependent
+    launch, so a kernel's CTAs start while its predecessor drains and wait for it in-kernel.
+    """
+
+    __slots__ = ("handle", "_owned", "pdl")
 
     def __init__(self, handle: Any, owned: bool = False):
         self.handle = handle
         self._owned = owned
+        self.pdl = False
 
     @classmethod
     def create(cls, non_blocking: bool = True, priority: int = 0) -> "Stream":

@@ -118,6 +118,7 @@ def load(variant: "str | Variant", device: "Device | None" = None, root: Path | 
         m = Manifest.read(d / f"{v.name}.json")
         lib = Library.load((d / f"{v.name}.cubin").read_bytes(), f"{arch}/{v.name}", device, arch)
         k = lib.kernel(m.entry)
+        k.pdl = v.pdl
         if m.smem > 48 * 1024:
             k.set_max_dynamic_smem(m.smem)
         specs = [ParamSpec(p.name, p.kind, p.size, p.align, len(p.dyn_shape) if p.kind == "tensor" else 0,

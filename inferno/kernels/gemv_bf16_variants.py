@@ -62,6 +62,7 @@ def make_variant(cols: int, rows: int | None = None, threads: int = THREADS, unr
               r, Tensor("y", "bf16", ("T", "M"), ("y_stride", 1), align=2)),
         grid=(f"cdiv(M, {outs})", "1", "1"),
         divisibility={"K": 8, "w_stride": 8, "x_stride": 8},
+        pdl=True,
         summary=f"{what}, W bf16 [N, K], x bf16 [T<={cols}, K], {rows} row(s) per CTA, fp32 accumulate",
     )
 

@@ -62,6 +62,7 @@ def make_variant(epilogue: str, cols: int) -> Variant:
         config=dict(cols=cols, epilogue=epilogue, rows=rows, threads=THREADS),
         args=(w, x, r, y), grid=(f"cdiv(M, {outs})", "1", "1"),
         divisibility={"K": 64, "x_stride": 8},
+        pdl=True,
         summary=f"{what}, W NVFP4 blockscale-k16-m128x4-v1, x bf16 [T<={cols}, K], fp32 accumulate",
     )
 

@@ -87,6 +87,7 @@ def make_variant(fmt: str, epilogue: str, cols: int, rows: int | None = None,
                     inplace=inplace, unroll=unroll, regconst=regconst),
         args=(w, x, r, y), grid=(f"cdiv(M, {outs})", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
+        pdl=True,
         summary=f"{what}, W {fmt} row-split-k128-v1, x bf16 [T<={cols}, K], fp32 accumulate",
     )
 

@@ -81,6 +81,7 @@ class Variant:
     grid: tuple[str, str, str] = ("1", "1", "1")  # expressions over the symbols and SMS (manifest.py)
     divisibility: dict = field(default_factory=dict)  # symbol -> divisor the kernel assumes
     summary: str = ""
+    pdl: bool = False  # the kernel calls griddepcontrol.wait before it touches memory: it may launch early
 
     @property
     def source_file(self) -> Path:
@@ -112,7 +113,7 @@ def _norm(name: str, tpr: int, rows: int, chunks: int, residual: bool) -> Varian
         # Grid-stride rows: a few CTAs per SM, each prefetching its next row.
         grid=(f"min(cdiv(M, {rows}), SMS * {NORM_CTAS_PER_SM})", "1", "1"),
         divisibility={"N": 8, "x_stride": 8, "y_stride": 8, "r_stride": 8, "h_stride": 8},
-        summary=f"{what}, {tpr} threads per row, {rows} row(s) per CTA, N <= {max_n}",
+        pdl=True, summary=f"{what}, {tpr} threads per row, {rows} row(s) per CTA, N <= {max_n}",
     )
 
 
@@ -145,7 +146,7 @@ CORE_VARIANTS: tuple[Variant, ...] = (
               Tensor("out", "bf16", ("T", "H"), ("out_stride", 1))),
         grid=("cdiv(H, 2048)", "T", "1"),
         divisibility={"H": 8, "table_stride": 8, "out_stride": 8},
-        summary="out[t] = table[ids[t]] (bf16 rows, int32 ids)",
+        pdl=True, summary="out[t] = table[ids[t]] (bf16 rows, int32 ids)",
     ),
     Variant(
         name="gemm_wgmma", op="gemm", source="cute_kernels.gemm_sm90", cls="HopperGemm",
@@ -172,6 +173,7 @@ CORE_VARIANTS: tuple[Variant, ...] = (
 # so they are collected on first use rather than at import time.
 _FAMILIES = (
     ("inferno.kernels.gemv_variants", "GEMV_VARIANTS"),
+    ("inferno.kernels.gemv_mma_variants", "GEMV_MMA_VARIANTS"),
     ("inferno.kernels.gemv_bf16_variants", "GEMV_BF16_VARIANTS"),
     ("inferno.kernels.gemv_nvfp4_variants", "GEMV_NVFP4_VARIANTS"),
     ("inferno.kernels.gdn_variants", "GDN_VARIANTS"),

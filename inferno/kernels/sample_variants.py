@@ -39,6 +39,7 @@ ARGMAX = Variant(
     args=(Tensor("x", "bf16", ("N",), (1,)), Tensor("out", "i32", (1,), (1,), align=4)),
     grid=("1", "1", "1"),
     divisibility={"N": 8},
+    pdl=True,
     summary="greedy sampling: first index of the maximum of bf16 logits [N], one CTA",
 )
 
@@ -60,6 +61,7 @@ SAMPLE_TOPK = Variant(
           Scalar("presence", "f32"), Scalar("frequency", "f32")),
     grid=(f"cdiv(N, {SLICE})", "1", "1"),
     divisibility={"N": 8},
+    pdl=True,
     summary="device sampling, pass 1: the 64 best penalised bf16 logits of each 4096-logit slice",
 )
 SAMPLE_PICK = Variant(
@@ -68,6 +70,7 @@ SAMPLE_PICK = Variant(
           Scalar("top_k", "i32"), Scalar("inv_t", "f32"), Scalar("top_p", "f32"), Scalar("min_p", "f32"),
           Scalar("u", "f32")),
     grid=("1", "1", "1"),
+    pdl=True,
     summary="device sampling, pass 2: merge the slices' candidates, top-k / temperature / top-p / min-p, draw",
 )
 

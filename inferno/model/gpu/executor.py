@@ -12,6 +12,8 @@ allocates; `close()` frees it.
 
 from __future__ import annotations
 
+import os
+
 import sys
 import threading
 from collections.abc import Sequence
@@ -112,7 +114,7 @@ class GpuExecutor:
         self._device = Device.open(device)
         self.plan.require_fits(self._device.free_mem())
         group = config.n_heads // config.n_kv_heads if config.attention_layers else None
-        ops = CudaOps(self._device, self.plan.arena_bytes, config, group)
+        ops = CudaOps(self._device, self.plan.arena_bytes, config, group, pdl=os.environ.get("INFERNO_PDL", "1") != "0")
         ops.preload_gemv(gemv_kinds(self.plan.placements))
         return ops
 

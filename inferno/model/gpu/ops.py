@@ -79,12 +79,13 @@ def _missing(kernel: str, owner: str, why: str) -> NotBuiltError:
 class CudaOps:
     """`Ops` on one GPU: a device arena of `capacity` bytes, one stream, our kernels."""
 
-    def __init__(self, device: Any, capacity: int, config: ModelConfig, attn_group: int | None):
+    def __init__(self, device: Any, capacity: int, config: ModelConfig, attn_group: int | None, pdl: bool = True):
         from inferno.cuda import DeviceArena, Stream
 
         self.device = device
         self._resolve(config, attn_group)
         self.stream = Stream.create()
+        self.stream.pdl = pdl  # kernels that wait in-kernel launch while their predecessor drains
         self.arena = DeviceArena(device, capacity, "gpu executor")
 
     # ---- kernel resolution ---------------------------------------------------------------------
