@@ -9,7 +9,8 @@ against the reference executor without a GPU; kernel numerics are the kernels' o
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, ContextManager
 
 import numpy as np
 from ml_dtypes import bfloat16
@@ -87,6 +88,12 @@ class EmulatedOps:
         out.reshape(-1).view(np.uint8)[:] = self._bytes(buf, out.nbytes)
 
     def synchronize(self) -> None:
+        pass
+
+    def side(self) -> ContextManager[None]:
+        return nullcontext()  # one in-order stream: side work runs where it is queued
+
+    def join(self) -> None:
         pass
 
     def copy2d(self, dst, dst_pitch, src, src_pitch, width, height) -> None:

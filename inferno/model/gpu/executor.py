@@ -154,8 +154,12 @@ class GpuExecutor:
     def _capture_one(self, name: str, launches) -> None:
         from inferno.cuda import Graph
 
-        with Graph.capture(self.ops.stream) as g:
-            launches()
+        self.ops.branches = os.environ.get("INFERNO_BRANCHES", "1") != "0"  # concurrent branches in the graph
+        try:
+            with Graph.capture(self.ops.stream) as g:
+                launches()
+        finally:
+            self.ops.branches = False
         ge = g.instantiate()
         ge.upload(self.ops.stream)
         self.graphs[name] = (g, ge)

@@ -101,9 +101,11 @@ class DecodeProgram:
         kw, vw, hv = c.gdn_key_width, c.gdn_value_width, c.gdn_v_heads
         qk, vz, ab = w[p + "gdn/query_key"], w[p + "gdn/value_z"], w[p + "gdn/a_b_projection"]
         mix = ws["mix_in"]
-        ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden)
+        with ops.side():  # the small projections overlap the large value_z GEMV
+            ops.linear_bf16(ws["normed"], ab.buf, ws["ab"], 2 * hv, c.hidden)
+            ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden)
         ops.gemv(vz.fmt, "plain", vz.buf, ws["normed"], mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden)
-        ops.linear_bf16(ws["normed"], ab.buf, ws["ab"], 2 * hv, c.hidden)
+        ops.join()
         ops.gdn_conv(mix.view(0, c.conv_dim * BF16), self.states.conv[i], w[p + "gdn/convolution"].buf, self.slots,
                      ws["conv_out"], c.conv_dim, self.n_slots)
         ops.gdn_step(ws["conv_out"], mix.view(c.conv_dim * BF16, vw * BF16), ws["ab"].view(0, hv * BF16),
@@ -117,8 +119,10 @@ class DecodeProgram:
         qw, kvw = c.n_heads * d, c.n_kv_heads * d
         qk, gv = w[p + "attention/query_key"], w[p + "attention/gate_value"]
         mix, gate_value, qg = ws["mix_in"], ws["gate_value"], ws["qg"]
+        with ops.side():
+            ops.gemv(gv.fmt, "plain", gv.buf, ws["normed"], gate_value, qw + kvw, c.hidden)
         ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, (qw + kvw) * BF16), qw + kvw, c.hidden)
-        ops.gemv(gv.fmt, "plain", gv.buf, ws["normed"], gate_value, qw + kvw, c.hidden)
+        ops.join()
         # per head [q_h | gate_h] rows of 2d values: the layout the attention kernels read
         ops.copy2d(qg, 2 * d * BF16, mix, d * BF16, d * BF16, c.n_heads)
         ops.copy2d(qg.view(d * BF16, qg.nbytes - d * BF16), 2 * d * BF16, gate_value, d * BF16, d * BF16, c.n_heads)

@@ -12,8 +12,10 @@ at start-up with an error that names it, not in the middle of a generation.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ContextManager, Protocol
 
 import numpy as np
 
@@ -48,6 +50,8 @@ class Ops(Protocol):
     def write(self, buf: DeviceBuffer, array: np.ndarray) -> None: ...  # queued; `array` stays untouched until synced
     def read(self, out: np.ndarray, buf: DeviceBuffer) -> None: ...  # queued; valid after synchronize()
     def synchronize(self) -> None: ...
+    def side(self) -> ContextManager[None]: ...  # launches inside may run concurrently with the next ones ...
+    def join(self) -> None: ...  # ... until here
     def copy2d(self, dst: DeviceBuffer, dst_pitch: int, src: DeviceBuffer, src_pitch: int, width: int,
                height: int) -> None: ...
     def embedding(self, ids: DeviceBuffer, table: DeviceBuffer, out: DeviceBuffer, vocab: int, hidden: int) -> None: ...
@@ -78,6 +82,10 @@ def _missing(kernel: str, owner: str, why: str) -> NotBuiltError:
 
 class CudaOps:
     """`Ops` on one GPU: a device arena of `capacity` bytes, one stream, our kernels."""
+
+    branches = False  # side() forks onto a second stream only while set (graph capture)
+    _side: tuple | None = None  # (stream, fork event, join event), made on first use
+    _forked = False
 
     def __init__(self, device: Any, capacity: int, config: ModelConfig, attn_group: int | None, pdl: bool = True):
         from inferno.cuda import DeviceArena, Stream
@@ -202,6 +210,38 @@ class CudaOps:
     def synchronize(self) -> None:
         self.stream.synchronize()
 
+    @contextmanager
+    def side(self) -> Iterator[None]:
+        """Launches inside go to a second stream that starts after the work queued so far, so they run
+        concurrently with what the main stream queues next, until `join()`. Only while `branches` is
+        set (graph capture); otherwise everything stays on the one stream."""
+        if not self.branches:
+            yield
+            return
+        from inferno.cuda import Event, Stream
+
+        if self._side is None:
+            side = Stream.create()
+            side.pdl = self.stream.pdl
+            self._side = (side, Event(timing=False), Event(timing=False))
+        side, fork, _ = self._side
+        fork.record(self.stream)
+        side.wait(fork)
+        main, self.stream = self.stream, side
+        try:
+            yield
+        finally:
+            self.stream = main
+        self._forked = True
+
+    def join(self) -> None:
+        """The main stream waits for the side stream's work (no-op when nothing was forked)."""
+        if self._forked:
+            side, _, joined = self._side
+            joined.record(side)
+            self.stream.wait(joined)
+            self._forked = False
+
     def copy2d(self, dst: DeviceBuffer, dst_pitch: int, src: DeviceBuffer, src_pitch: int, width: int,
                height: int) -> None:
         from inferno.cuda.driver import driver
@@ -271,6 +311,12 @@ class CudaOps:
 
     def close(self) -> None:
         self.stream.synchronize()
+        if self._side is not None:
+            side, fork, joined = self._side
+            side.synchronize()
+            fork.close()
+            joined.close()
+            side.close()
         self.arena.close()
         self.stream.close()
 
