@@ -51,8 +51,11 @@ def test_demo_cpu_run_writes_valid_json(cache, tmp_path):
         assert run[key] is None
     assert d["accounting"]["kv_dtype"] == "fp32" and d["accounting"]["weights_per_decode_step"]["total"] > 0
     assert d["kernels"]["available"] is False and "ReferenceExecutor" in d["kernels"]["reason"]
+    assert d["host_overhead"] == {"available": False, "reason": "ReferenceExecutor has no device step timer"}
+    assert d["settings"]["prefill_chunk"] == 1024 and d["settings"]["prefill_chunk_auto"] is True
     assert d["command"].startswith("inferno bench --device cpu --prompt-tokens 8 --decode-tokens 3")
     assert "prefill tok/s" in r.stdout and "kernel table: not available" in r.stdout
+    assert "host overhead per decode step: not measured" in r.stdout
     assert "| n/a (no measured limit) |" in r.stdout.splitlines()[-1]
     again = bench("--device", "cpu", "--prompt-tokens", 4, "--decode-tokens", 2, "--reps", 1, cache=cache)
     assert again.returncode == 0 and "synthesizing" not in again.stderr
@@ -66,6 +69,7 @@ def test_artifact_contexts_and_json_to_stdout(artifact, cache):
     assert [x["prompt_tokens"] for x in d["runs"]] == [6, 10]
     assert d["skipped"] == [{"prompt_tokens": 300000, "reason": "exceeds the model's 262144 positions"}]
     assert d["model"]["path"] == str(artifact) and d["settings"]["prefill_chunk"] == 4
+    assert d["settings"]["prefill_chunk_auto"] is False and "--prefill-chunk 4" in d["command"]
     assert "prefill tok/s" in r.stderr
 
 
@@ -77,6 +81,9 @@ def test_artifact_contexts_and_json_to_stdout(artifact, cache):
     (["--warmup", "-1"], "--warmup must be >= 0"),
     (["--prompt-tokens", "262144", "--device", "cpu"], "exceeds the model's 262144 positions"),
     (["--json", "/nonexistent-dir/x.json"], "does not exist"),
+    (["--prefill-chunk", "0"], "--prefill-chunk takes 'auto' or a token count 1..65535"),
+    (["--prefill-chunk", "big"], "--prefill-chunk takes 'auto' or a token count 1..65535"),
+    (["--prefill-chunk", "70000"], "--prefill-chunk takes 'auto' or a token count 1..65535"),
     (["--bogus"], "No such option"),
     (["/nonexistent.ninfer"], "no such artifact"),
 ])
@@ -137,10 +144,55 @@ def test_gpu_contexts_that_do_not_fit_are_skipped_longest_first(monkeypatch, art
     monkeypatch.setattr(gpu_pkg, "GpuExecutor", FakeGpuExecutor)
     monkeypatch.setattr(cli, "measure_gpu_limits", lambda device, log: Limits(copy_gbps=1.0))
     s = BenchSettings(1000, 8, contexts=(65536, 4000, 262144), reps=1)
-    loaded = cli._load_cuda(artifact, s, cuda_graph=True)
+    loaded = cli._load_cuda(artifact, s, cuda_graph=True, model=None)
     assert made == [262144 + 8, 65536 + 8, 4000 + 8]
     assert loaded.settings.cases == (1000, 4000)
     assert [x["prompt_tokens"] for x in loaded.skipped] == [262144, 65536]
     assert loaded.device["name"] == "Fake GPU" and loaded.states.kv == "bf16" and loaded.limits.copy_gbps == 1.0
     with pytest.raises(OutOfMemoryError):  # the prompt length itself does not fit: the error stands
-        cli._load_cuda(artifact, BenchSettings(6000, 8, reps=1), cuda_graph=True)
+        cli._load_cuda(artifact, BenchSettings(6000, 8, reps=1), cuda_graph=True, model=None)
+
+
+def test_gpu_auto_prefill_chunk_is_chosen_per_size_tried(monkeypatch, artifact):
+    """`--prefill-chunk auto`: `_load_cuda` sizes the chunk for each executor size it tries, from the
+    free device memory, and the executor, the settings and the report get that chunk."""
+    from inferno.bench.limits import Limits
+    from inferno.bench.runner import BenchSettings
+    from inferno.cli import bench as cli
+    from inferno.cuda.errors import OutOfMemoryError
+    from inferno.model.gpu.profile import step_spans
+
+    made, asked = [], []
+
+    class Gpu:
+        name, arch = "Fake GPU", "sm_90a"
+
+        def free_mem(self):
+            return 123 << 30
+
+    class FakeGpuExecutor:
+        cuda_graph = True
+        device = Gpu()
+
+        def __init__(self, path, *, max_seqs, max_context, cuda_graph, prefill_chunk):
+            made.append((max_context, prefill_chunk))
+            if max_context > 5000:
+                raise OutOfMemoryError("too big", name="gpu executor", requested=1, used=0, capacity=1, free=0)
+
+    def fake_rule(config, expected, fusion, max_seqs, max_context, free):
+        asked.append((config, expected, fusion, max_seqs, max_context, free))
+        return min(max_context, 4096)
+
+    import inferno.cuda as cuda_pkg
+    import inferno.model.gpu as gpu_pkg
+
+    monkeypatch.setattr(gpu_pkg, "GpuExecutor", FakeGpuExecutor)
+    monkeypatch.setattr(cuda_pkg.Device, "open", classmethod(lambda cls, ordinal=0: Gpu()))
+    monkeypatch.setattr(cli, "gpu_prefill_chunk", fake_rule)
+    monkeypatch.setattr(cli, "measure_gpu_limits", lambda device, log: Limits(copy_gbps=1.0))
+    s = BenchSettings(1000, 8, contexts=(65536, 3000), reps=1)
+    loaded = cli._load_cuda(artifact, s, cuda_graph=True, model=("config", "inventory", "nvfp4"))
+    assert made == [(65536 + 8, 4096), (3000 + 8, 3008)]
+    assert asked == [("config", "inventory", "nvfp4", 1, 65536 + 8, 123 << 30),
+                     ("config", "inventory", "nvfp4", 1, 3000 + 8, 123 << 30)]
+    assert loaded.settings.prefill_chunk == 3008 and loaded.step_timer is step_spans

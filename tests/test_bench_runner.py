@@ -1,9 +1,11 @@
-"""The bench runner over the engine loop: repetitions, spreads, ratios to limits, the kernel table."""
+"""The bench runner over the engine loop: repetitions, spreads, ratios to limits, host overhead per
+decode step, the kernel table."""
 
 from __future__ import annotations
 
 import json
 import statistics
+from contextlib import contextmanager
 
 import pytest
 
@@ -11,7 +13,7 @@ from fake_executor import FakeExecutor
 from inferno.artifact.identities import lookup
 from inferno.bench.accounting import account
 from inferno.bench.limits import Limits, cpu_limits
-from inferno.bench.profile import KernelProfiler, KernelTime, kernel_rows
+from inferno.bench.profile import DECODE, KernelProfiler, KernelTime, StepSpan, host_overhead, kernel_rows
 from inferno.bench.report import SCHEMA, build_report, markdown_row, text_table
 from inferno.bench.runner import BenchSettings, prompt_ids, run_bench, spread, time_generation
 from inferno.checkpoint.presets import get_preset
@@ -86,6 +88,7 @@ def test_run_bench_on_cpu_limits_has_null_ratios(acct):
     assert r["decode_bytes_per_step"] == acct.decode_bytes(8, 5) / 4
     assert out["kernels"] == {"available": False,
                               "reason": "FakeExecutor has no per-kernel timing hooks (profile_step / profile_prefill)"}
+    assert out["host_overhead"] == {"available": False, "reason": "FakeExecutor has no device step timer"}
 
 
 def test_ratios_and_kernel_table_with_measured_limits(acct):
@@ -107,9 +110,6 @@ def test_ratios_and_kernel_table_with_measured_limits(acct):
     assert rows[1]["launches"] == 2 and rows[1]["tflops"] == pytest.approx(2.0)
     assert rows[1]["limit"] == "gemm" and rows[1]["ratio"] == pytest.approx(0.5)
     assert k["decode_step"]["device_s"] == pytest.approx(3e-3) and k["decode_step"]["context"] == 7
-    wall = r["decode"]["seconds"]["median"] / 3
-    assert k["decode_step_wall_s"] == pytest.approx(wall)
-    assert k["host_overhead_s_per_step"] == pytest.approx(wall - 3e-3)
     assert k["prefill_chunk"]["tokens"] == 4 and k["prefill_chunk"]["kernels"][0]["tflops"] == pytest.approx(1.0)
 
 
@@ -122,18 +122,27 @@ def test_report_text_and_markdown(acct):
     ex = ProfilingFake()
     limits = Limits(copy_gbps=4000.0, gemm_tflops=700.0, gemm_impl="test")
     s = BenchSettings(6, 4, reps=1, warmup=0, kernel_table=True)
-    out = run_bench(ex, acct, limits, s, lambda m: None)
+    out = run_bench(ex, acct, limits, s, lambda m: None, FakeTimer(1e-3, 2e-4))
     report = build_report(date="2026-11-29T20:00:00+00:00", command="inferno bench x.ninfer",
                           device={"kind": "cuda", "name": "NVIDIA H200", "executor": "gpu"},
                           model={"identity": "inferno-test-tiny-dense/groupwise-int"}, settings={},
                           limits=limits.to_json(), accounting=acct.summary(7), runs=out["runs"],
-                          skipped=[{"prompt_tokens": 262144, "reason": "does not fit"}], kernels=out["kernels"])
+                          skipped=[{"prompt_tokens": 262144, "reason": "does not fit"}],
+                          host_overhead=out["host_overhead"], kernels=out["kernels"])
     assert json.loads(json.dumps(report))["schema"] == SCHEMA
     text = text_table(report)
-    assert "262144 skipped: does not fit" in text and "host overhead per decode step" in text and "attn" in text
+    assert "262144 skipped: does not fit" in text and "attn" in text
+    h = out["host_overhead"]
+    assert (f"host overhead per decode step: {h['host_overhead_s_per_step'] * 1e6:,.1f} us = "
+            f"{100 * h['host_overhead_ratio']:.1f} % of the step") in text
+    assert "device 1,000.0 us over 3 steps; device idle between steps 200.0 us mean" in text
     row = markdown_row(report)
     assert row.startswith("| 2026-11-29 | NVIDIA H200 | `inferno bench x.ninfer` | prefill 6: ")
     assert "% of roofline" in row and "of 700 TFLOP/s GEMM" in row and row.count("|") == 6
+    assert f"host overhead {100 * h['host_overhead_ratio']:.1f} % of a decode step" in row
+    report["host_overhead"] = {"available": False, "reason": "no timer"}
+    assert "host overhead per decode step: not measured (no timer)" in text_table(report)
+    assert "host overhead" not in markdown_row(report)
 
 
 def test_runs_on_the_gpu_executor_emulated(tmp_path):
@@ -142,13 +151,77 @@ def test_runs_on_the_gpu_executor_emulated(tmp_path):
     from inferno.artifact.synth import synthesize_artifact
     from inferno.bench.accounting import StateDtypes
     from inferno.model.gpu import GpuExecutor
+    from inferno.model.gpu.profile import step_spans
 
     path = synthesize_artifact("tiny-dense", tmp_path / "tiny.ninfer", progress=False)
     art, _spec, config, expected = open_checked(path)
     art.close()
     s = BenchSettings(8, 3, reps=1, warmup=0, kernel_table=True)
     with GpuExecutor(path, emulate=True, max_seqs=1, max_context=s.max_tokens, progress=False) as ex:
-        out = run_bench(ex, account(config, expected, StateDtypes()), cpu_limits(), s, lambda m: None)
+        ops = ex.ops
+        out = run_bench(ex, account(config, expected, StateDtypes()), cpu_limits(), s, lambda m: None, step_spans)
+        assert ex.ops is ops  # the step timer put the executor's operations back
     (r,) = out["runs"]
     assert [x["completion_tokens"] for x in r["samples"]] == [3]
     assert out["kernels"]["available"] is isinstance(ex, KernelProfiler)
+    h = out["host_overhead"]
+    assert h["available"] and h["steps"] == 2 and h["device_spans"] == 2 and h["prompt_tokens"] == 8
+    # The emulator runs every operation on the host: device time is the time inside the step's
+    # operations, a real and large part of the wall time; the rest is the loop's own host time.
+    assert 0 < h["device_s_per_step"] < h["wall_s_per_step"] and 0 < h["host_overhead_ratio"] < 0.5
+    assert h["host_overhead_s_per_step"] == pytest.approx(h["wall_s_per_step"] - h["device_s_per_step"])
+    assert h["device_idle_between_steps_s"]["max"] > 0 and h["cuda_graph"] is False
+
+
+class FakeTimer:
+    """A step timer for FakeExecutor: every call to `step` is one span of `seconds` device time,
+    `idle` after the previous one; `prefill` calls are spans of the phase current at the time."""
+
+    def __init__(self, seconds: float, idle: float):
+        self.seconds, self.idle = seconds, idle
+
+    @contextmanager
+    def __call__(self, executor, reserve):
+        clock = type("Clock", (), {"phase": "", "spans": []})()
+        step, prefill = executor.step, executor.prefill
+
+        def span(fn):
+            def run(*args):
+                clock.spans.append(StepSpan(clock.phase, self.seconds, self.idle if clock.spans else None))
+                return fn(*args)
+            return run
+
+        executor.step, executor.prefill = span(step), span(prefill)
+        try:
+            yield clock
+        finally:
+            del executor.step, executor.prefill
+
+
+def test_host_overhead_from_one_more_generation(acct):
+    ex = FakeExecutor(delay=0.002)
+    s = BenchSettings(6, 5, reps=1, warmup=0, prefill_chunk=4)
+    out = run_bench(ex, acct, cpu_limits(), s, lambda m: None, FakeTimer(5e-4, 1e-4))
+    h = out["host_overhead"]
+    assert ex.prefill_calls == [4, 2, 4, 2] and ex.steps == 8 and ex.all_released()  # timed run + measured run
+    assert h["available"] and h["steps"] == 4 and h["device_spans"] == 4  # the 2 prefill spans are not decode
+    assert h["device_s_per_step"] == pytest.approx(5e-4) and h["wall_s_per_step"] >= 2e-3
+    assert h["host_overhead_s_per_step"] == pytest.approx(h["wall_s_per_step"] - 5e-4)
+    assert h["host_overhead_ratio"] == pytest.approx(1 - 5e-4 / h["wall_s_per_step"])
+    assert h["device_idle_between_steps_s"] == {"mean": pytest.approx(1e-4), "median": pytest.approx(1e-4),
+                                                "max": pytest.approx(1e-4)}
+    assert h["timed_wall_s_per_step"] == pytest.approx(out["runs"][0]["decode"]["seconds"]["median"] / 4)
+
+
+def test_host_overhead_arithmetic():
+    spans = [StepSpan("", 9.0, None), StepSpan(DECODE, 1e-3, 5e-4), StepSpan(DECODE, 3e-3, 1e-4),
+             StepSpan(DECODE, 2e-3, 3e-4)]
+    h = host_overhead(spans, 3, 9e-3)
+    assert h["wall_s_per_step"] == pytest.approx(3e-3) and h["device_s_per_step"] == pytest.approx(2e-3)
+    assert h["host_overhead_s_per_step"] == pytest.approx(1e-3) and h["host_overhead_ratio"] == pytest.approx(1 / 3)
+    assert h["device_s_per_span"] == {"median": 2e-3, "min": 1e-3, "max": 3e-3}
+    # the first decode span's idle time follows the prefill, not a step: left out
+    assert h["device_idle_between_steps_s"]["mean"] == pytest.approx(2e-4) and h["device_idle_between_steps_s"]["max"] == 3e-4
+    assert host_overhead(spans[:2], 1, 2e-3)["device_idle_between_steps_s"] is None
+    with pytest.raises(ValueError):
+        host_overhead(spans[:1], 3, 1.0)

@@ -91,6 +91,8 @@ def test_explicit_target_raw_prompt_and_messages_file(cache, tmp_path):
         (["--top-p", "3"], 2, "top_p must be in (0, 1]"),
         (["--temperature", "-1"], 2, "temperature must be >= 0"),
         (["--max-new", "0"], 2, "--max-new must be >= 1"),
+        (["--prefill-chunk", "0"], 2, "--prefill-chunk takes 'auto' or a token count 1..65535"),
+        (["--prefill-chunk", "big"], 2, "--prefill-chunk takes 'auto' or a token count 1..65535"),
         (["--prompt", "a", "--messages", "m.json"], 2, "either --prompt or --messages"),
         (["--messages", "/nonexistent.json"], 2, "cannot read --messages file"),
         (["/nonexistent-model", "--prompt", "hi"], 2, "does not exist"),

@@ -117,7 +117,7 @@ def dry(artifact, tmp_path_factory):
     mp.setattr(GpuExecutor, "_make_ops", make_ops)
     mp.setattr(GpuExecutor, "_host_buffers", host_buffers)
     try:
-        ex = GpuExecutor(artifact, max_seqs=2, max_context=160, cuda_graph=False, progress=False)
+        ex = GpuExecutor(artifact, max_seqs=2, max_context=160, cuda_graph=False, progress=False, prefill_chunk=1024)
         yield ex, launches
     finally:
         mp.undo()

@@ -267,3 +267,13 @@ def test_out_of_memory_during_setup_names_the_plan(artifact, monkeypatch):
     monkeypatch.setattr(EmulatedOps, "alloc", alloc)
     with pytest.raises(OutOfMemoryError, match=r"does not fit on the GPU: .*KV cache .*lower --max-context|weights alone"):
         GpuExecutor(artifact, emulate=True, max_seqs=1, max_context=64, progress=False)
+
+
+def test_prefill_chunk_auto_and_given(artifact):
+    """`prefill_chunk=None` (auto) with no device budget (emulated): 1024, capped at the max context;
+    a given chunk is kept; either way the plan's prefill buffers are sized for it."""
+    for max_context, given, want in ((192, None, 192), (4096, None, 1024), (4096, 300, 300)):
+        with GpuExecutor(artifact, emulate=True, max_seqs=1, max_context=max_context, prefill_chunk=given,
+                         progress=False) as ex:
+            assert ex.prefill_chunk == ex.plan.prefill_chunk == want
+            assert ex.plan.prefill["x"] == want * ex.config.hidden * 2

@@ -1,7 +1,8 @@
 """CPU: the GPU executor's per-kernel profile (inferno/model/gpu/profile.py) on the emulated
 executor: every launch of a step is listed once, the bytes of weights + KV + GDN state match the
 bench accounting, activations add only a little on top, and the sequence state moves exactly as
-`step` / `prefill` move it."""
+`step` / `prefill` move it; NVFP4 and BF16 weights are sized from their payload geometry; the step
+timer (`step_spans`) watches the executor's own run without changing it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from inferno.checkpoint.synth import synthesize
 from inferno.cuda.memory import DeviceBuffer
 from inferno.errors import UsageError
 from inferno.model.gpu import GpuExecutor
-from inferno.model.gpu.profile import record
+from inferno.model.gpu.profile import payload_nbytes, record, step_spans
 
 PROMPT = list(range(3, 3 + 70))  # across a KV page boundary (64 tokens)
 
@@ -148,13 +149,99 @@ def test_bench_kernel_table(ex):
     from inferno.bench.runner import BenchSettings, profile_kernels
 
     settings = BenchSettings(prompt_tokens=20, decode_tokens=2, prefill_chunk=8, kernel_table=True)
-    out = profile_kernels(ex, Limits(copy_gbps=1.0, gemm_tflops=1.0), settings, 1.0, lambda _: None)
+    out = profile_kernels(ex, Limits(copy_gbps=1.0, gemm_tflops=1.0), settings, lambda _: None)
     assert out["available"]
     step = out["decode_step"]
     assert step["context"] == 21 and step["device_s"] > 0
     rows = {r["kernel"]: r for r in step["kernels"]}
     assert rows["gdn_step"]["limit"] in ("copy", "gemm") and rows["gdn_step"]["ratio"] > 0
     assert out["prefill_chunk"]["tokens"] == 8 and out["prefill_chunk"]["kernels"]
+
+
+@pytest.fixture(scope="module")
+def nvfp4_ex(artifact):
+    root = artifact.parent
+    path = convert(root / "ckpt", root / "tiny-nv.ninfer", "nvfp4", progress=False)
+    e = GpuExecutor(path, emulate=True, max_seqs=2, max_context=128, progress=False)
+    a, _spec, config, expected = open_checked(path)
+    a.close()
+    yield e, account(config, expected, e.state_dtypes)
+    e.close()
+
+
+def test_nvfp4_identity_profile_sizes_every_weight_from_its_payload(nvfp4_ex):
+    """The nvfp4 identity mixes NVFP4, BF16 and groupwise matrices: each GEMV's weight bytes are the
+    device payload's (what the executor uploaded), and the step adds up to the accounting."""
+    ex, acct = nvfp4_ex
+    formats = {p.fmt for p in ex.plan.placements}
+    assert {"NVFP4", "BF16"} <= formats
+    s, s2 = ex.new_state(), ex.new_state()
+    try:
+        ex.prefill(PROMPT[:30], s)
+        context = s.position + 1
+        rec = record(ex, lambda: ex.step(5, s))
+        chunk = ex.profile_prefill(PROMPT[:16], s2)
+    finally:
+        ex.release(s)
+        ex.release(s2)
+    by_role: dict[str, int] = {}
+    for p in ex.plan.placements:  # device weight bytes per role, over the layers
+        key = p.name.split("/", 3)[3] if p.name.startswith("text/layers/") else p.name
+        by_role[key] = by_role.get(key, 0) + p.nbytes
+    gemvs = [(label, w) for label, _, w in rec.records if label.startswith("gemv_")]
+    assert {label.split()[0].split("_t1")[0] for label, _ in gemvs} >= {"gemv_nvfp4", "gemv_bf16"}
+    weights: dict[str, int] = {}
+    for label, w in gemvs:
+        weights[label.split()[1]] = weights.get(label.split()[1], 0) + w.fixed
+    for role_, nbytes in weights.items():
+        assert nbytes == by_role[role_], role_
+    # The accounting counts the artifact's fused NVFP4 input projections; the device holds them split
+    # by rows, each half its own payload (own plane alignment, own divisor): a few bytes apart.
+    emb = 2 * ex.config.hidden - acct.weight_bytes["embedding_row"]
+    assert abs(rec.fixed_bytes() - acct.decode_step_bytes(context) - emb) < 1e-4 * acct.decode_step_bytes(context)
+    dequant = [t for t in chunk if t.kernel.startswith("dequant NVFP4")]
+    assert dequant and all(t.bytes > 0 for t in dequant)
+
+
+@pytest.mark.parametrize("fmt, shape, want", [("NVFP4", (256, 128), 256 * 128 // 2 + 256 * 128 // 16 + 4),
+                                              ("BF16", (3, 5), 30),
+                                              ("Q4G64_F16S", (2, 64), None)])
+def test_payload_nbytes(fmt, shape, want):
+    from inferno.artifact.formats.groupwise import geometry
+
+    got = payload_nbytes(fmt, *shape)
+    assert got == (geometry(fmt, shape).nbytes if want is None else want)
+
+
+def test_step_spans_watch_the_executor_without_changing_it(ex):
+    """One span per step (from the step's first queued operation to the host's wait for its token),
+    the phase set when it opened, the executor's operations back afterwards, the same tokens."""
+    from inferno.engine.params import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0)
+    a, b = ex.new_state(), ex.new_state()
+    try:
+        ta = ex.prefill_sample(PROMPT[:20], a, greedy, 0.0)
+        tb = ex.prefill_sample(PROMPT[:20], b, greedy, 0.0)
+        real = ex.ops
+        with step_spans(ex, reserve=4) as clock:
+            assert ex.ops is not real
+            clock.phase = "decode"
+            for _ in range(4):
+                tb = ex.step_sample(tb, b, greedy, 0.0)
+            clock.phase = "after"
+            ex.ops.zero(ex.program.ws["argmax"])  # queued, never waited for: closed on exit
+        assert ex.ops is real and ex.program.ops is real
+        for _ in range(4):
+            ta = ex.step_sample(ta, a, greedy, 0.0)
+        assert ta == tb and a.position == b.position == 24
+        spans = clock.spans
+        assert [sp.phase for sp in spans] == ["decode"] * 4 + ["after"]  # the open span is closed on exit
+        assert spans[0].idle_before is None and all(sp.idle_before >= 0 for sp in spans[1:])
+        assert all(sp.seconds > 0 for sp in spans)
+    finally:
+        ex.release(a)
+        ex.release(b)
 
 
 class GateDriver:

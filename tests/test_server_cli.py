@@ -28,6 +28,7 @@ def serve(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
     (["--max-concurrency", "9"], 2, "--max-concurrency"),
     (["--max-request-mib", "0"], 2, "--max-request-mib"),
     (["--port", "70000"], 2, "--port"),
+    (["--prefill-chunk", "0"], 2, "--prefill-chunk takes 'auto' or a token count"),
 ])
 def test_flag_errors(args, code, words):
     p = serve(*args)

@@ -1,9 +1,10 @@
 """The bench report: one JSON document (schema below), a short text table, a docs/performance.md row.
 
-JSON (`SCHEMA` = "inferno-bench/1"):
+JSON (`SCHEMA` = "inferno-bench/2"):
   schema, date (UTC ISO), command, device {kind: cpu|cuda, name, executor, cuda_graph},
   model {path, identity, layers, attention_layers, gdn_layers, hidden, vocab, moe},
-  settings {prompt_tokens, decode_tokens, contexts, reps, warmup, prefill_chunk, seed, sampling, ignore_eos},
+  settings {prompt_tokens, decode_tokens, contexts, reps, warmup, prefill_chunk, prefill_chunk_auto, seed,
+            kernel_table, sampling, ignore_eos},
   limits {copy_gbps, gemm_tflops, gemm_impl, notes}          (null on the CPU)
   accounting {weights_per_decode_step {total, per group}, ffn_bytes_per_layer, kv_dtype,
               kv_bytes_per_token, gdn_state, decode_step_bytes_at_context, prefill_flops_per_token}
@@ -11,8 +12,11 @@ JSON (`SCHEMA` = "inferno-bench/1"):
          prefill_flops, prefill_tflops, prefill_mma_ratio, decode_bytes_per_step, decode_gbps,
          decode_roofline_tok_s, decode_roofline_ratio, samples}]   (tok_s/seconds: median, min, max, stdev, n)
   skipped [{prompt_tokens, reason}]                            (contexts that did not fit)
-  kernels null | {available: false, reason} | {available: true, decode_step, prefill_chunk,
-          decode_step_wall_s, host_overhead_s_per_step, cuda_graph}
+  host_overhead {available: false, reason} | {available: true, prompt_tokens, steps, device_spans,
+          wall_s_per_step, device_s_per_step, device_s_per_span {median, min, max},
+          host_overhead_s_per_step, host_overhead_ratio, device_idle_between_steps_s {mean, median, max} | null,
+          timed_wall_s_per_step, cuda_graph}   (one more generation of the first case, device events per step)
+  kernels null | {available: false, reason} | {available: true, decode_step, prefill_chunk}   (eager, per launch)
 Ratios are fractions (0.31 = 31 %); null where no limit was measured.
 """
 
@@ -21,14 +25,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SCHEMA = "inferno-bench/1"
+SCHEMA = "inferno-bench/2"
 
 
 def build_report(*, date: str, command: str, device: dict, model: dict, settings: dict, limits: dict,
-                 accounting: dict, runs: list[dict], skipped: list[dict], kernels: dict | None) -> dict:
+                 accounting: dict, runs: list[dict], skipped: list[dict], host_overhead: dict,
+                 kernels: dict | None) -> dict:
     return {"schema": SCHEMA, "date": date, "command": command, "device": device, "model": model,
             "settings": settings, "limits": limits, "accounting": accounting, "runs": runs, "skipped": skipped,
-            "kernels": kernels}
+            "host_overhead": host_overhead, "kernels": kernels}
 
 
 def write_json(report: dict, path: str) -> None:
@@ -79,6 +84,7 @@ def text_table(report: dict) -> str:
             f"{_num(r['decode_roofline_tok_s']):>9} {_pct(r['decode_roofline_ratio']):>8}")
     for s in report["skipped"]:
         lines.append(f"{s['prompt_tokens']:>8} skipped: {s['reason']}")
+    lines += ["", overhead_line(report["host_overhead"])]
     k = report["kernels"]
     if k is not None:
         lines.append("")
@@ -93,11 +99,19 @@ def text_table(report: dict) -> str:
                     lines.append(f"  {row['kernel'][:48]:<48} {row['launches']:>4} {row['seconds'] * 1e6:>10.1f} "
                                  f"{_num(row['gbps'], ',.0f'):>9} {_num(row['tflops'], ',.1f'):>8} "
                                  f"{_pct(row['ratio']):>8}")
-            if k["host_overhead_s_per_step"] is not None:
-                lines.append(f"host overhead per decode step: {k['host_overhead_s_per_step'] * 1e6:,.1f} us "
-                             f"(wall {k['decode_step_wall_s'] * 1e6:,.1f} us - device "
-                             f"{k['decode_step']['device_s'] * 1e6:,.1f} us; CUDA graph: {k['cuda_graph']})")
     return "\n".join(lines)
+
+
+def overhead_line(h: dict) -> str:
+    """The host overhead summary: wall and device time per decode step, their difference and ratio."""
+    if not h["available"]:
+        return f"host overhead per decode step: not measured ({h['reason']})"
+    idle = h["device_idle_between_steps_s"]
+    gap = "n/a" if idle is None else f"{idle['mean'] * 1e6:,.1f} us mean, {idle['max'] * 1e6:,.1f} us max"
+    return (f"host overhead per decode step: {h['host_overhead_s_per_step'] * 1e6:,.1f} us = "
+            f"{_pct(h['host_overhead_ratio'])} of the step (wall {h['wall_s_per_step'] * 1e6:,.1f} us - device "
+            f"{h['device_s_per_step'] * 1e6:,.1f} us over {h['steps']} steps; device idle between steps {gap}; "
+            f"CUDA graph: {h['cuda_graph']})")
 
 
 def markdown_row(report: dict) -> str:
@@ -112,5 +126,8 @@ def markdown_row(report: dict) -> str:
                       f"({r['decode_roofline_tok_s']:,.1f} tok/s at {lim['copy_gbps']:,.0f} GB/s copy)")
     if r["prefill_mma_ratio"] is not None:
         ratios.append(f"prefill {_pct(r['prefill_mma_ratio'])} of {lim['gemm_tflops']:,.0f} TFLOP/s GEMM")
+    h = report["host_overhead"]
+    if h["available"] and ratios:
+        ratios.append(f"host overhead {_pct(h['host_overhead_ratio'])} of a decode step")
     ratio = "; ".join(ratios) if ratios else "n/a (no measured limit)"
     return f"| {report['date'][:10]} | {report['device']['name']} | `{report['command']}` | {result} | {ratio} |"

@@ -6,6 +6,9 @@ tokens with `ignore_eos`, so every repetition does exactly the same work. Its `G
 give the seed metrics (DESIGN.md): prefill tok/s = P / prefill s, decode tok/s = (D - 1) /
 decode s. The ratios compare them with the limits measured in the same run (`limits.py`) using
 the byte and FLOP counts of `accounting.py`; without a measured limit a ratio is None.
+
+Host overhead per decode step is measured in one more generation of the first case, through the
+same loop, with a step timer watching the executor (`profile.host_overhead`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import numpy as np
 
 from inferno.bench.accounting import Accounting
 from inferno.bench.limits import Limits
-from inferno.bench.profile import KernelProfiler, kernel_rows
+from inferno.bench.profile import DECODE, KernelProfiler, StepTimer, host_overhead, kernel_rows
 from inferno.engine.generate import check_request, generate
 from inferno.engine.params import GenerationRequest, GenerationStats, SamplingParams
 from inferno.errors import UsageError
@@ -73,12 +76,16 @@ def prompt_ids(vocab: int, n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
 
 
-def time_generation(executor: Executor, prompt: Sequence[int], decode_tokens: int, prefill_chunk: int) -> GenerationStats:
-    """One greedy request of exactly `decode_tokens` new tokens; its stats."""
+def time_generation(executor: Executor, prompt: Sequence[int], decode_tokens: int, prefill_chunk: int,
+                    on_first_token: Callable[[], None] | None = None) -> GenerationStats:
+    """One greedy request of exactly `decode_tokens` new tokens; its stats. `on_first_token` is
+    called when the prefill's token arrives, before the first decode step."""
     request = GenerationRequest(prompt, decode_tokens, SamplingParams(temperature=0.0), ignore_eos=True)
     check_request(request, executor.config.vocab, executor.config.max_position)
     last = None
     for event in generate(executor, request, prefill_chunk=prefill_chunk):
+        if last is None and on_first_token is not None:
+            on_first_token()
         last = event
     if last is None or last.finish_reason != "length" or last.stats is None:
         raise RuntimeError(f"benchmark request ended with {last!r}, expected {decode_tokens} tokens")
@@ -127,13 +134,10 @@ def run_case(executor: Executor, acct: Accounting, limits: Limits, prompt_tokens
     }
 
 
-def profile_kernels(executor: Executor, limits: Limits, settings: BenchSettings, decode_step_wall_s: float | None,
-                    log: Log) -> dict:
-    """The per-kernel table of one decode step (after the prompt) and one prefill chunk.
+def profile_kernels(executor: Executor, limits: Limits, settings: BenchSettings, log: Log) -> dict:
+    """The per-kernel table of one decode step (after the prompt) and one prefill chunk, run eagerly.
 
     Needs an executor that implements `KernelProfiler`; otherwise says it is not available.
-    Host overhead per decode step = wall time per step in the timed runs - device time of the
-    profiled step (the sum of its kernels).
     """
     if not isinstance(executor, KernelProfiler):
         return {"available": False,
@@ -153,27 +157,45 @@ def profile_kernels(executor: Executor, limits: Limits, settings: BenchSettings,
         chunk = executor.profile_prefill(prompt[:min(settings.prefill_chunk, p)], state)
     finally:
         executor.release(state)
-    device_s = sum(t.seconds for t in step)
     return {
         "available": True,
-        "decode_step": {"context": p + 1, "device_s": device_s,
+        "decode_step": {"context": p + 1, "device_s": sum(t.seconds for t in step),
                         "kernels": kernel_rows(step, limits.copy_gbps, limits.gemm_tflops)},
         "prefill_chunk": {"tokens": min(settings.prefill_chunk, p), "device_s": sum(t.seconds for t in chunk),
                           "kernels": kernel_rows(chunk, limits.copy_gbps, limits.gemm_tflops)},
-        "decode_step_wall_s": decode_step_wall_s,
-        "host_overhead_s_per_step": decode_step_wall_s - device_s if decode_step_wall_s is not None else None,
-        "cuda_graph": getattr(executor, "cuda_graph", None),
     }
 
 
-def run_bench(executor: Executor, acct: Accounting, limits: Limits, settings: BenchSettings, log: Log) -> dict:
-    """Every case, then the kernel table if asked; the `runs` and `kernels` parts of the report."""
+def measure_host_overhead(executor: Executor, settings: BenchSettings, timer: StepTimer | None,
+                          timed_wall_s: float | None, log: Log) -> dict:
+    """One more generation of the first case through the engine's loop with `timer` watching the
+    executor: wall time per decode step, device time of the same steps, their difference and ratio,
+    and the device's idle time between steps. `timed_wall_s`: the timed runs' median wall time per
+    step, for comparison (the timer's own cost shows as the difference)."""
+    if timer is None:
+        return {"available": False, "reason": f"{type(executor).__name__} has no device step timer"}
+    p, d = settings.prompt_tokens, settings.decode_tokens
+    log(f"host overhead: one more {p} + {d} token generation with device events around every step")
+    prompt = prompt_ids(executor.config.vocab, p, settings.seed)
+    with timer(executor, d) as clock:
+        def decode_begins() -> None:
+            clock.phase = DECODE
+
+        stats = time_generation(executor, prompt, d, settings.prefill_chunk, decode_begins)
+    out = host_overhead(clock.spans, stats.completion_tokens - 1, stats.decode_s)
+    return {**out, "prompt_tokens": p, "timed_wall_s_per_step": timed_wall_s,
+            "cuda_graph": getattr(executor, "cuda_graph", None)}
+
+
+def run_bench(executor: Executor, acct: Accounting, limits: Limits, settings: BenchSettings, log: Log,
+              step_timer: StepTimer | None = None) -> dict:
+    """Every case, host overhead (with `step_timer`), then the kernel table if asked: the `runs`,
+    `host_overhead` and `kernels` parts of the report."""
     runs = []
     for n in settings.cases:
         log(f"case: prompt {n} tokens, decode {settings.decode_tokens} tokens")
         runs.append(run_case(executor, acct, limits, n, settings, log))
-    kernels = None
-    if settings.kernel_table:
-        wall = runs[0]["decode"]["seconds"]["median"] / (settings.decode_tokens - 1)
-        kernels = profile_kernels(executor, limits, settings, wall, log)
-    return {"runs": runs, "kernels": kernels}
+    wall = runs[0]["decode"]["seconds"]["median"] / (settings.decode_tokens - 1)
+    overhead = measure_host_overhead(executor, settings, step_timer, wall, log)
+    kernels = profile_kernels(executor, limits, settings, log) if settings.kernel_table else None
+    return {"runs": runs, "host_overhead": overhead, "kernels": kernels}

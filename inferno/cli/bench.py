@@ -3,8 +3,11 @@
 Runs through the engine's generation loop (greedy, ignore_eos) on the GPU executor (`--device
 cuda`) or the numpy reference executor (`--device cpu`; small default sizes). Prints a short table
 and a docs/performance.md row to stdout (stderr when the JSON goes to stdout), progress to stderr,
-and writes the full JSON report with `--json OUT`. With no TARGET it benchmarks the demo model
-(the tiny-dense synthetic preset as a `.ninfer`, random weights, synthesized once into the cache).
+and writes the full JSON report with `--json OUT`. On the GPU it also measures host overhead per
+graph-replayed decode step (device events around every step of one more request), and
+`--prefill-chunk auto` (the default) takes the largest chunk of 1024..8192 tokens that fits. With
+no TARGET it benchmarks the demo model (the tiny-dense synthetic preset as a `.ninfer`, random
+weights, synthesized once into the cache).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import typer
 from inferno.artifact import open_checked
 from inferno.bench.accounting import StateDtypes, account
 from inferno.bench.limits import Limits, cpu_limits, measure_gpu_limits
+from inferno.bench.prefill_chunk import NO_BUDGET_CHUNK, gpu_prefill_chunk, parse_prefill_chunk
+from inferno.bench.profile import StepTimer
 from inferno.bench.report import build_report, markdown_row, text_table, write_json
 from inferno.bench.runner import BenchSettings, run_bench
 from inferno.cli.common import DEVICES, demo_model
@@ -42,7 +47,7 @@ def parse_contexts(text: str | None) -> tuple[int, ...]:
     out = []
     for part in text.split(","):
         part = part.strip().replace("_", "")
-        if not part.isdigit() or int(part) < 1:
+        if not (part.isascii() and part.isdigit()) or int(part) < 1:
             raise UsageError(f"--contexts takes comma-separated positive token counts, e.g. 7680,65536; got {text!r}")
         out.append(int(part))
     return tuple(out)
@@ -99,6 +104,7 @@ class _Loaded:
     device: dict
     settings: BenchSettings
     skipped: list[dict]
+    step_timer: StepTimer | None = None
 
 
 def _load_cpu(path: Path, settings: BenchSettings) -> _Loaded:
@@ -112,16 +118,30 @@ def _load_cpu(path: Path, settings: BenchSettings) -> _Loaded:
     return _Loaded(executor, cpu_limits(), StateDtypes("fp32", "fp32", "fp32"), dev, settings, [])
 
 
-def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool) -> _Loaded:
+def _auto_chunk(model: tuple, max_context: int) -> int:
+    """`--prefill-chunk auto` on the GPU: the largest chunk whose plan fits the free device memory."""
+    from inferno.cuda import Device
+
+    config, expected, fusion = model
+    chunk = gpu_prefill_chunk(config, expected, fusion, 1, max_context, Device.open(0).free_mem())
+    _log(f"--prefill-chunk auto: {chunk} tokens")
+    return chunk
+
+
+def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool, model: tuple | None) -> _Loaded:
     """The GPU executor sized for the longest case that fits (longer contexts are skipped), then
-    the same-run limits. NotBuiltError when it cannot run this model."""
+    the same-run limits. `model` = (config, inventory, fusion plan) when the prefill chunk is
+    `auto` (chosen per size tried), None when it was given. NotBuiltError when it cannot run this model."""
     from inferno.cuda.errors import OutOfMemoryError
     from inferno.model.gpu import GpuExecutor
+    from inferno.model.gpu.profile import step_spans
 
     skipped = []
     _log(f"loading {path} on the GPU ...")
     while True:
         try:
+            if model is not None:
+                settings = replace(settings, prefill_chunk=_auto_chunk(model, settings.max_tokens))
             executor = GpuExecutor(path, max_seqs=1, max_context=settings.max_tokens, cuda_graph=cuda_graph,
                                    prefill_chunk=settings.prefill_chunk)
             break
@@ -145,7 +165,7 @@ def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool) -> _Loaded
     states = getattr(executor, "state_dtypes", StateDtypes("bf16", "bf16", "fp32"))
     dev = {"kind": "cuda", "name": gpu.name, "arch": gpu.arch, "executor": "gpu",
            "cuda_graph": getattr(executor, "cuda_graph", None)}
-    return _Loaded(executor, limits, states, dev, settings, skipped)
+    return _Loaded(executor, limits, states, dev, settings, skipped, step_spans)
 
 
 def _fit_positions(settings: BenchSettings, max_position: int) -> tuple[BenchSettings, list[dict]]:
@@ -186,7 +206,9 @@ def bench(
     contexts: Optional[str] = typer.Option(None, "--contexts", help="more prompt lengths, e.g. 65536,262144 (skipped when they do not fit)"),
     reps: Optional[int] = typer.Option(None, "--reps", help="timed repetitions per case (default: cuda 5, cpu 3)"),
     warmup: int = typer.Option(1, "--warmup", help="untimed repetitions first"),
-    prefill_chunk: int = typer.Option(1024, "--prefill-chunk", help="prompt tokens per prefill call"),
+    prefill_chunk: str = typer.Option(
+        "auto", "--prefill-chunk",
+        help="prompt tokens per prefill call: auto (GPU: the largest of 1024..8192 that fits; CPU: 1024) or N"),
     json_out: Optional[str] = typer.Option(None, "--json", help="write the JSON report here ('-': stdout)"),
     kernel_table: bool = typer.Option(False, "--kernel-table", help="per-kernel times of one decode step and one prefill chunk"),
     no_cuda_graph: bool = typer.Option(False, "--no-cuda-graph", help="GPU executor: eager decode launches"),
@@ -195,8 +217,9 @@ def bench(
     if device not in DEVICES:
         raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
     extra = parse_contexts(contexts)
+    chunk = parse_prefill_chunk(prefill_chunk)
     BenchSettings(_given(prompt_tokens, 1), _given(decode_tokens, 2), extra, _given(reps, 1), warmup,
-                  prefill_chunk)  # flag ranges, before anything is loaded
+                  chunk or NO_BUDGET_CHUNK)  # flag ranges, before anything is loaded
     if json_out not in (None, "-") and not Path(json_out).parent.is_dir():
         raise UsageError(f"--json {json_out}: folder {Path(json_out).parent} does not exist")
 
@@ -211,13 +234,14 @@ def bench(
     def settings_for(dev: str) -> tuple[BenchSettings, list[dict]]:
         p, d, r = DEFAULTS[dev]
         s = BenchSettings(_given(prompt_tokens, p), _given(decode_tokens, d), extra, _given(reps, r), warmup,
-                          prefill_chunk, kernel_table=kernel_table)
+                          chunk or NO_BUDGET_CHUNK, kernel_table=kernel_table)
         return _fit_positions(s, config.max_position)
 
     settings, skipped = settings_for(device)
     if device == "cuda":
         try:
-            loaded = _load_cuda(path, settings, not no_cuda_graph)
+            loaded = _load_cuda(path, settings, not no_cuda_graph,
+                                (config, expected, spec.plan) if chunk is None else None)
         except NotBuiltError as e:
             if explicit_device == "cuda":
                 raise
@@ -228,7 +252,7 @@ def bench(
         loaded = _load_cpu(path, settings)
     try:
         acct = account(config, expected, loaded.states)
-        result = run_bench(loaded.executor, acct, loaded.limits, loaded.settings, _log)
+        result = run_bench(loaded.executor, acct, loaded.limits, loaded.settings, _log, loaded.step_timer)
     finally:
         close = getattr(loaded.executor, "close", None)
         if close is not None:
@@ -241,9 +265,11 @@ def bench(
         model={"path": str(path), "identity": spec.name, "layers": config.n_layers,
                "attention_layers": len(config.attention_layers), "gdn_layers": len(config.gdn_layers),
                "hidden": config.hidden, "vocab": config.vocab, "moe": config.is_moe},
-        settings={**asdict(settings), "contexts": list(settings.contexts), "sampling": "greedy", "ignore_eos": True},
+        settings={**asdict(settings), "contexts": list(settings.contexts), "prefill_chunk_auto": chunk is None,
+                  "sampling": "greedy", "ignore_eos": True},
         limits=loaded.limits.to_json(), accounting=acct.summary(settings.prompt_tokens + 1),
-        runs=result["runs"], skipped=skipped + loaded.skipped, kernels=result["kernels"])
+        runs=result["runs"], skipped=skipped + loaded.skipped, host_overhead=result["host_overhead"],
+        kernels=result["kernels"])
     out = sys.stderr if json_out == "-" else sys.stdout
     print(text_table(report), file=out)
     print("\n" + markdown_row(report), file=out)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferno.bench.prefill_chunk import NO_BUDGET_CHUNK
 from inferno.errors import NotBuiltError, UsageError
 
 DEMO_PRESET = "tiny-dense"
@@ -61,11 +62,13 @@ class Loaded:
     source: object
     executor: object
     kind: str
+    prefill_chunk: int = NO_BUDGET_CHUNK  # tokens per prefill call (the engine's chunking)
 
 
 def load_model(path: Path, device: str, *, max_seqs: int, max_context: int, cuda_graph: bool, log: Log,
-               prefill_chunk: int = 1024) -> Loaded:
-    """Open `path` and build its executor for `device` (auto | cpu | cuda).
+               prefill_chunk: int | None = None) -> Loaded:
+    """Open `path` and build its executor for `device` (auto | cpu | cuda); `prefill_chunk` None is
+    `--prefill-chunk auto` (the chunk used is `Loaded.prefill_chunk`).
 
     auto takes the GPU executor when a GPU is visible and the model is a `.ninfer` artifact it
     supports, else the numpy reference (saying why); cuda insists on the GPU and says what is wrong.
@@ -85,7 +88,9 @@ def load_model(path: Path, device: str, *, max_seqs: int, max_context: int, cuda
             try:
                 executor = GpuExecutor(path, max_seqs=max_seqs, max_context=max_context, cuda_graph=cuda_graph,
                                        prefill_chunk=prefill_chunk)
-                return Loaded(source, executor, "gpu")
+                if prefill_chunk is None:
+                    log(f"--prefill-chunk auto: {executor.prefill_chunk} tokens")
+                return Loaded(source, executor, "gpu", executor.prefill_chunk)
             except NotBuiltError as e:
                 if device == "cuda":
                     raise
@@ -93,7 +98,8 @@ def load_model(path: Path, device: str, *, max_seqs: int, max_context: int, cuda
         log(f"{reason}; using the numpy reference executor (fp32, slow)")
     from inferno.model.reference import ReferenceExecutor
 
-    return Loaded(source, ReferenceExecutor(source.config, source.weights), "reference")
+    return Loaded(source, ReferenceExecutor(source.config, source.weights), "reference",
+                  prefill_chunk or NO_BUDGET_CHUNK)
 
 
 def _gpu_unusable(path: Path) -> str | None:

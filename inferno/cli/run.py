@@ -70,7 +70,9 @@ def run(
     messages: Optional[str] = typer.Option(None, "--messages", help="JSON file: a list of messages, or {messages, tools}"),
     max_new: int = typer.Option(128, "--max-new", help="most tokens to generate"),
     max_context: int = typer.Option(2048, "--max-context", help="prompt + new tokens limit"),
-    prefill_chunk: int = typer.Option(1024, "--prefill-chunk", help="prompt tokens per prefill call"),
+    prefill_chunk: str = typer.Option(
+        "auto", "--prefill-chunk",
+        help="prompt tokens per prefill call: auto (GPU: the largest of 1024..8192 that fits; CPU: 1024) or N"),
     greedy: bool = typer.Option(False, "--greedy", help="always take the most likely token"),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="default: the model's preset"),
     top_p: Optional[float] = typer.Option(None, "--top-p"),
@@ -96,7 +98,7 @@ def run(
         "frequency_penalty": frequency_penalty,
         "seed": seed,
     }
-    _check_flags(device, prompt, messages, raw, max_new, max_context, prefill_chunk, sampling)
+    chunk = _check_flags(device, prompt, messages, raw, max_new, max_context, prefill_chunk, sampling)
     tools = None
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -112,8 +114,8 @@ def run(
     from inferno.engine import Engine
     from inferno.frontend.pipeline import TextPipeline
 
-    source, executor = _load(target, device, max_context, not no_cuda_graph, prefill_chunk)
-    with Engine(executor, max_context=max_context, prefill_chunk=prefill_chunk) as engine:
+    source, executor, chunk = _load(target, device, max_context, not no_cuda_graph, chunk)
+    with Engine(executor, max_context=max_context, prefill_chunk=chunk) as engine:
         pipeline = TextPipeline.from_resources(
             engine, source.resources, source.identity, sampling_defaults=sampling, greedy=greedy
         )
@@ -131,8 +133,9 @@ def _log(msg: str) -> None:
     print(f"inferno: {msg}", file=sys.stderr, flush=True)
 
 
-def _check_flags(device, prompt, messages, raw, max_new, max_context, prefill_chunk, sampling) -> None:
-    """Flag errors before anything is loaded."""
+def _check_flags(device, prompt, messages, raw, max_new, max_context, prefill_chunk, sampling) -> int | None:
+    """Flag errors before anything is loaded; the prefill chunk (None: auto)."""
+    from inferno.bench.prefill_chunk import parse_prefill_chunk
     from inferno.engine import SamplingParams
 
     check_device(device)
@@ -140,14 +143,15 @@ def _check_flags(device, prompt, messages, raw, max_new, max_context, prefill_ch
         raise UsageError("give either --prompt or --messages, not both")
     if raw and messages is not None:
         raise UsageError("--raw takes --prompt text; --messages needs the chat template")
-    for flag, value, low in (("--max-new", max_new, 1), ("--max-context", max_context, 2), ("--prefill-chunk", prefill_chunk, 1)):
+    for flag, value, low in (("--max-new", max_new, 1), ("--max-context", max_context, 2)):
         if value < low:
             raise UsageError(f"{flag} must be >= {low}, got {value}")
     SamplingParams(**{k: v for k, v in sampling.items() if v is not None})  # range errors
+    return parse_prefill_chunk(prefill_chunk)
 
 
-def _load(target: str | None, device: str, max_context: int, cuda_graph: bool, prefill_chunk: int):
-    """Open the model (the demo when no target) and build its executor."""
+def _load(target: str | None, device: str, max_context: int, cuda_graph: bool, prefill_chunk: int | None):
+    """Open the model (the demo when no target) and build its executor; (source, executor, prefill chunk)."""
     if target is None:
         _log("no model given: running the built-in demo, a tiny model with RANDOM weights, so its text is gibberish")
         path = demo_model(_log)
@@ -158,7 +162,7 @@ def _load(target: str | None, device: str, max_context: int, cuda_graph: bool, p
     loaded = load_model(path, device, max_seqs=1, max_context=max_context, cuda_graph=cuda_graph, log=_log,
                         prefill_chunk=prefill_chunk)
     _log(f"loaded {loaded.source.identity} on the {loaded.kind} executor in {time.perf_counter() - t0:.1f} s")
-    return loaded.source, loaded.executor
+    return loaded.source, loaded.executor, loaded.prefill_chunk
 
 
 def _print_stream(stream):

@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from inferno.bench.prefill_chunk import parse_prefill_chunk
 from inferno.cli.common import check_device, demo_model, load_model
 from inferno.errors import UsageError
 
@@ -34,6 +35,9 @@ def serve(
     response_store: int = typer.Option(256, "--response-store-max-records", help="Responses API results kept for previous_response_id"),
     cors: Optional[list[str]] = typer.Option(None, "--cors", help="allowed browser origin (repeatable; * for any)"),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    prefill_chunk: str = typer.Option(
+        "auto", "--prefill-chunk",
+        help="prompt tokens per prefill call: auto (GPU: the largest of 1024..8192 that fits; CPU: 1024) or N"),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level"),
 ) -> None:
     """Serve a model over HTTP (OpenAI and Anthropic APIs)."""
@@ -42,6 +46,7 @@ def serve(
         print(f"inferno: {msg}", file=sys.stderr, flush=True)
 
     check_device(device)
+    chunk = parse_prefill_chunk(prefill_chunk)
     for flag, value, low, high in (
         ("--port", port, 0, 65535),
         ("--max-concurrency", max_concurrency, 1, 8),
@@ -71,7 +76,8 @@ def serve(
         path = Path(target)
     t0 = time.perf_counter()
     log(f"loading {path} ...")
-    loaded = load_model(path, device, max_seqs=max_concurrency, max_context=max_context, cuda_graph=True, log=log)
+    loaded = load_model(path, device, max_seqs=max_concurrency, max_context=max_context, cuda_graph=True, log=log,
+                        prefill_chunk=chunk)
     source, executor = loaded.source, loaded.executor
     limit = source.config.max_position
     if max_context > limit:
@@ -90,6 +96,7 @@ def serve(
         store_records=response_store,
         executor_name=loaded.kind,
         kv_dtype="bf16" if loaded.kind == "gpu" else "fp32",
+        prefill_chunk=loaded.prefill_chunk,
     )
     log(f"loaded {source.identity} on the {loaded.kind} executor in {time.perf_counter() - t0:.1f} s; serving it as {deployment.model_id!r}")
     app = create_app(deployment, api_key=api_key, max_request_bytes=int(max_request_mib * (1 << 20)), cors=cors or ())

@@ -15,6 +15,7 @@ from inferno.bench.limits import measure_gpu_limits
 from inferno.bench.report import build_report, text_table
 from inferno.bench.runner import BenchSettings, run_bench
 from inferno.cuda import Device
+from inferno.model.gpu.profile import step_spans
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +45,24 @@ def test_bench_runs_on_the_gpu_executor(tmp_path, limits):
     path = synthesize_artifact("tiny-dense", tmp_path / "tiny.ninfer", progress=False)
     art, spec, config, expected = open_checked(path)
     art.close()
-    s = BenchSettings(64, 8, contexts=(512,), reps=2, warmup=1, prefill_chunk=32, kernel_table=True)
+    s = BenchSettings(64, 32, contexts=(512,), reps=2, warmup=1, prefill_chunk=32, kernel_table=True)
     with GpuExecutor(path, max_seqs=1, max_context=s.max_tokens, progress=False) as ex:
         acct = account(config, expected, getattr(ex, "state_dtypes", StateDtypes()))
-        out = run_bench(ex, acct, limits, s, print)
+        out = run_bench(ex, acct, limits, s, print, step_spans)
     assert [r["prompt_tokens"] for r in out["runs"]] == [64, 512]
     for r in out["runs"]:
-        assert [x["completion_tokens"] for x in r["samples"]] == [8, 8]
+        assert [x["completion_tokens"] for x in r["samples"]] == [32, 32]
         assert 0 < r["decode_roofline_ratio"] < 1.5
         if limits.gemm_tflops is not None:
             assert 0 < r["prefill_mma_ratio"] < 1.5
     report = build_report(date="-", command="test", device={"name": "GPU", "executor": "gpu"},
                           model={"identity": spec.name}, settings={}, limits=limits.to_json(),
-                          accounting=acct.summary(65), runs=out["runs"], skipped=[], kernels=out["kernels"])
+                          accounting=acct.summary(65), runs=out["runs"], skipped=[],
+                          host_overhead=out["host_overhead"], kernels=out["kernels"])
     print("\n" + text_table(report))
+    h = out["host_overhead"]
+    # Graph replay: one device span per decode step, each inside its step's wall time.
+    assert h["available"] and h["cuda_graph"] is True and h["steps"] == h["device_spans"] == 31
+    assert 0 < h["device_s_per_step"] <= h["wall_s_per_step"], h
+    assert h["host_overhead_s_per_step"] >= 0 and 0 <= h["host_overhead_ratio"] < 1
+    assert h["device_idle_between_steps_s"]["mean"] >= 0

@@ -1,11 +1,12 @@
 """GpuExecutor.profile_step / profile_prefill on the GPU (tiny dense artifact, CUDA graphs on):
 CUDA-event times for every launch, byte counts that match the bench accounting, the sequence
 state moved exactly as `step` / `prefill` move it, and the graphs still in use afterwards.
-Failures print the kernel table."""
+The step timer on graph-replayed steps; the nvfp4 identity's kernel table. Failures print the kernel table."""
 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from inferno.artifact.convert import convert
 from inferno.bench.accounting import account
 from inferno.checkpoint.synth import synthesize
 from inferno.model.gpu import GpuExecutor
-from inferno.model.gpu.profile import record
+from inferno.engine.params import SamplingParams
+from inferno.model.gpu.profile import record, step_spans
 
 PROMPT = [(5 + 7 * i) % 1000 for i in range(70)]
 
@@ -83,3 +85,58 @@ def test_profiled_step_and_prefill_move_the_state_like_graph_replay(ex):
     finally:
         ex.release(a)
         ex.release(b)
+
+
+def test_step_spans_time_graph_replayed_steps(ex):
+    """The step timer on the executor as the engine runs it (graphs, device sampling): one span per
+    step, device times that fit inside the wall time, and the executor untouched afterwards."""
+    greedy = SamplingParams(temperature=0.0)
+    a, b = ex.new_state(), ex.new_state()
+    try:
+        ta = ex.prefill_sample(PROMPT, a, greedy, 0.0)
+        tb = ex.prefill_sample(PROMPT, b, greedy, 0.0)
+        real, n = ex.ops, 16
+        with step_spans(ex, reserve=n) as clock:
+            clock.phase = "decode"
+            t0 = time.perf_counter()
+            for _ in range(n):
+                tb = ex.step_sample(tb, b, greedy, 0.0)
+            wall = time.perf_counter() - t0
+        assert ex.ops is real and ex.cuda_graph
+        for _ in range(n):
+            ta = ex.step_sample(ta, a, greedy, 0.0)
+        assert ta == tb, "watched steps sampled other tokens than plain ones"
+        spans = clock.spans
+        print(f"\n{n} steps: wall {wall / n * 1e6:.1f} us/step, device "
+              f"{sum(s.seconds for s in spans) / n * 1e6:.1f} us/step, idle between "
+              f"{[round(s.idle_before * 1e6, 1) for s in spans[1:]]} us")
+        assert len(spans) == n and all(s.phase == "decode" for s in spans)
+        assert all(0 < s.seconds < 0.1 for s in spans)
+        assert 0 < sum(s.seconds for s in spans) <= wall
+        assert all(s.idle_before >= 0 for s in spans[1:])
+    finally:
+        ex.release(a)
+        ex.release(b)
+
+
+def test_nvfp4_identity_kernel_table(artifact):
+    """The qwen3.6-27b/nvfp4 layout on the tiny model: NVFP4 and BF16 GEMVs profiled with their payload bytes."""
+    root = artifact.parent
+    path = convert(root / "ckpt", root / "tiny-nv.ninfer", "nvfp4", progress=False)
+    with GpuExecutor(path, max_seqs=1, max_context=256, cuda_graph=True, progress=False) as e:
+        s = e.new_state()
+        try:
+            e.prefill(PROMPT[:40], s)
+            times = e.profile_step(3, s)
+        finally:
+            e.release(s)
+        s = e.new_state()
+        try:
+            chunk = e.profile_prefill(PROMPT[:40], s)
+        finally:
+            e.release(s)
+    print("\n" + table(times) + "\n" + table(chunk))
+    names = {t.kernel.split()[0] for t in times}
+    assert {"gemv_nvfp4_t1", "gemv_bf16_t1"} <= names, table(times)
+    assert all(t.seconds > 0 and t.bytes for t in times if t.kernel.startswith("gemv_")), table(times)
+    assert any(t.kernel.startswith("dequant NVFP4") for t in chunk), table(chunk)

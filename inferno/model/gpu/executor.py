@@ -57,12 +57,14 @@ class StepTrace:
 class GpuExecutor:
     """Runs a dense Qwen3.5 artifact on the GPU over `GpuState`s (see the module docstring).
 
-    `max_seqs` sequences of up to `max_context` tokens can live at once. `emulate=True` runs the
-    same launch sequence on `EmulatedOps` (numpy, no GPU, no graphs) for tests.
+    `max_seqs` sequences of up to `max_context` tokens can live at once. `prefill_chunk` tokens go
+    through one prefill call; None: the largest of 1024..8192 whose plan fits the free device memory
+    (`inferno.bench.prefill_chunk`; 1024 when emulated). `emulate=True` runs the same launch sequence
+    on `EmulatedOps` (numpy, no GPU, no graphs) for tests.
     """
 
     def __init__(self, path: str | Path, *, max_seqs: int = 4, max_context: int = 4096, cuda_graph: bool = True,
-                 device: int = 0, emulate: bool = False, progress: bool = True, prefill_chunk: int = 1024):
+                 device: int = 0, emulate: bool = False, progress: bool = True, prefill_chunk: int | None = None):
         from inferno.artifact import open_checked
 
         artifact, spec, config, expected = open_checked(path)
@@ -75,6 +77,8 @@ class GpuExecutor:
         self._pinned: tuple = ()
         inventory = {e.name: e for e in expected}
         try:
+            if prefill_chunk is None:
+                prefill_chunk = self._auto_chunk(config, expected, spec.plan, max_seqs, max_context, device, emulate)
             self.plan: ResidencyPlan = plan_residency(config, inventory, max_seqs, max_context, spec.plan,
                                                       prefill_chunk)
             self.ops = self._make_ops(config, device, emulate)
@@ -103,6 +107,24 @@ class GpuExecutor:
                   f"{'CUDA graph' if self.cuda_graph else 'eager'}", file=sys.stderr)
 
     # ---- set-up ------------------------------------------------------------------------------------
+    @staticmethod
+    def _auto_chunk(config: ModelConfig, expected, fusion: str, max_seqs: int, max_context: int, device: int,
+                    emulate: bool) -> int:
+        """`prefill_chunk=None`: the largest chunk of 1024..8192 tokens whose plan fits the free device memory."""
+        from inferno.bench.prefill_chunk import gpu_prefill_chunk
+
+        free = None
+        if not emulate:
+            from inferno.cuda import Device
+
+            free = Device.open(device).free_mem()
+        return gpu_prefill_chunk(config, expected, fusion, max_seqs, max_context, free)
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Tokens per prefill call (the engine should chunk prompts by the same)."""
+        return self.plan.prefill_chunk
+
     def _make_ops(self, config: ModelConfig, device: int, emulate: bool):
         if emulate:
             from inferno.model.gpu.emulator import EmulatedOps

@@ -11,6 +11,15 @@ kernels' storage dtypes) and compute (2*N*K per matrix, 7*dk*dv per GDN value he
 attended key and query head). Launches are merged per kernel and role (the layer index is
 dropped: "gemv_q4_t1 mlp/gate_up" over all layers), in the order they first ran. Operations
 this module does not know (added to `Ops` later) are timed with unknown bytes and FLOPs.
+
+`step_spans(executor)` is the other measurement, of the executor as it normally runs (CUDA graph
+replay, device sampling, the token read back): while it is open, the executor's own `Ops` calls
+are watched, and a CUDA event goes onto the stream before the first operation queued after the
+host last waited for the stream, and another just before the host waits again. Each pair is a
+`StepSpan`: the device time of the work the host queued between two waits (one decode step: the
+step-input upload, the graph, the sampler, the token download), and the device time the stream
+sat idle since the previous span ended. `inferno bench` turns the decode spans into host
+overhead per step (`inferno.bench.profile.host_overhead`).
 """
 
 from __future__ import annotations
@@ -18,21 +27,23 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from inferno.artifact.formats.groupwise import geometry
+from inferno.artifact.formats import FORMATS, packed_nbytes
 from inferno.bench.accounting import STATE_DTYPES, StateDtypes, kv_vector_bytes
-from inferno.bench.profile import KernelTime
+from inferno.bench.profile import KernelTime, StepSpan
 from inferno.cuda.memory import DeviceBuffer
+from inferno.errors import ArtifactError
 from inferno.model.config import ModelConfig
 
 BF16, F32, I32 = 2, 4, 4
 BLOCKING = frozenset({"upload", "download", "synchronize", "close"})  # host waits for the stream
-UNTIMED = frozenset({"alloc", "preload_gemv"})
+UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join"})  # not device work (side/join: stream fork and join)
 HOST_COPIES = frozenset({"write", "read"})  # queued, timed, but never behind a held stream
 OPS_ATTRS = ("ops", "pops")  # where the executor and its programs hold device operations (Ops, PrefillOps)
 
@@ -45,6 +56,30 @@ class Work:
     flops: int | None = None
     fixed: int = 0
     launches: int = 1
+
+
+def payload_nbytes(fmt: str, n: int, k: int) -> int:
+    """Stored bytes of an [n, k] weight in `fmt` (its one registered layout: codes, scales, padding,
+    an NVFP4 divisor), as the device holds it and a GEMV or dequant kernel reads it."""
+    layouts = FORMATS.get(fmt)
+    if not layouts:
+        raise ArtifactError(f"unknown weight format {fmt!r} (registered: {', '.join(FORMATS)})")
+    return packed_nbytes(fmt, layouts[0], (n, k))
+
+
+def gemv_variant(fmt: str, epilogue: str) -> str:
+    """The name of the one-column GEMV kernel `CudaOps.gemv` launches for `fmt` and `epilogue`."""
+    if fmt == "BF16":
+        from inferno.kernels.gemv_bf16_variants import variant_name as bf16_name
+
+        return bf16_name(1, epilogue)
+    from inferno.kernels import gemv_nvfp4_variants as nvfp4
+
+    if fmt == nvfp4.FORMAT:
+        return nvfp4.variant_name(epilogue, 1)
+    from inferno.kernels.gemv_variants import variant_name
+
+    return variant_name(fmt, epilogue, 1)
 
 
 def role(buf: DeviceBuffer) -> str:
@@ -250,12 +285,10 @@ class RecordingOps:
         return f"rmsnorm {role(w)}", Work(3 * n * BF16, fixed=n * BF16)
 
     def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None):
-        from inferno.kernels.gemv_variants import variant_name
-
         m = n // 2 if epilogue == "swiglu" else n
-        weights = geometry(fmt, (n, k)).nbytes
+        weights = payload_nbytes(fmt, n, k)
         act = (k + m + (m if r is not None else 0)) * BF16
-        return f"{variant_name(fmt, epilogue, 1)} {role(w)}", Work(weights + act, 2 * n * k, fixed=weights)
+        return f"{gemv_variant(fmt, epilogue)} {role(w)}", Work(weights + act, 2 * n * k, fixed=weights)
 
     def _w_linear_bf16(self, x, w, y, n, k):
         from inferno.kernels.gemv_bf16_variants import variant_name
@@ -307,7 +340,7 @@ class RecordingOps:
         return f"add_rmsnorm_rows {role(w)}", Work((4 * rows + 1) * n * BF16, fixed=n * BF16)
 
     def _w_dequant(self, fmt, w, out, n, k):
-        weights = geometry(fmt, (n, k)).nbytes
+        weights = payload_nbytes(fmt, n, k)
         return f"dequant {fmt} {role(w)}", Work(weights + n * k * BF16, fixed=weights)
 
     def _w_gemm(self, a, b, c, m, n, k):
@@ -404,3 +437,116 @@ def record(executor: Any, run: Callable[[], Any]) -> RecordingOps:
         for holder, attr, ops in reversed(swaps):
             setattr(holder, attr, ops)
         timer.close()
+
+
+# ---- device spans of the executor's normal run (graph replay) ----------------------------------------
+HOST_WAITS = frozenset({"synchronize", "download"})  # the host waits for the stream: the open span ends
+SPAN_PASS = frozenset({"alloc", "upload", "preload_gemv", "close", "side", "join"})  # not queued stream work
+
+
+class SpanClock:
+    """Marks device spans on `stream` (CUDA events; the host clock when `stream` is None, on the
+    emulator, whose operations run synchronously). A span opens at the first `begin` after the
+    last `end` and carries the `phase` set when it opened. `reserve` events are made up front, so
+    the measured loop does not pay for creating them."""
+
+    def __init__(self, stream: Any, reserve: int = 0):
+        self.stream = stream
+        self.phase = ""
+        self.spans: list[StepSpan] = []
+        self._free: list = []
+        self._used: list = []
+        self._open: tuple[str, Any] | None = None
+        self._marks: list[tuple[str, Any, Any]] = []
+        if stream is not None:
+            from inferno.cuda import Event
+
+            self._free = [Event() for _ in range(reserve)]
+
+    def _mark(self) -> Any:
+        if self.stream is None:
+            return time.perf_counter()
+        if self._free:
+            e = self._free.pop()
+        else:
+            from inferno.cuda import Event
+
+            e = Event()
+        self._used.append(e)
+        return e.record(self.stream)
+
+    def begin(self) -> None:
+        """Work is about to be queued: open a span unless one is open."""
+        if self._open is None:
+            self._open = (self.phase, self._mark())
+
+    def end(self) -> None:
+        """The host is about to wait for the stream: close the open span, if any."""
+        if self._open is not None:
+            phase, start = self._open
+            self._marks.append((phase, start, self._mark()))
+            self._open = None
+
+    def _seconds(self, a: Any, b: Any) -> float:
+        if self.stream is None:
+            return b - a
+        from inferno.cuda import Event
+
+        b.synchronize()
+        return Event.elapsed_ms(a, b) / 1e3
+
+    def resolve(self) -> list[StepSpan]:
+        """The closed spans in order, with the idle time before each (after the device finished them)."""
+        self.spans = []
+        prev_end = None
+        for phase, start, stop in self._marks:
+            idle = None if prev_end is None else self._seconds(prev_end, start)
+            self.spans.append(StepSpan(phase, self._seconds(start, stop), idle))
+            prev_end = stop
+        self._marks.clear()
+        return self.spans
+
+    def close(self) -> None:
+        for e in self._used + self._free:
+            e.close()
+        self._used.clear()
+        self._free.clear()
+
+
+class SpanOps:
+    """Wraps an `Ops`: every operation that queues work opens a span of `clock`, every host wait
+    closes it; the calls themselves pass through unchanged."""
+
+    def __init__(self, ops: Any, clock: SpanClock):
+        self.ops, self.clock = ops, clock
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.ops, name)
+        if name.startswith("_") or name in SPAN_PASS or not callable(attr):
+            return attr
+        mark = self.clock.end if name in HOST_WAITS else self.clock.begin
+
+        def marked(*args, **kwargs):
+            mark()
+            return attr(*args, **kwargs)
+
+        return marked
+
+
+@contextmanager
+def step_spans(executor: Any, reserve: int = 0) -> Iterator[SpanClock]:
+    """Watch `executor`'s own device operations (its `ops`, as it runs: graphs stay on) and mark a
+    span per stretch of queued work between host waits; set `clock.phase` to tag the spans that
+    follow. On exit the stream is drained and `clock.spans` holds the resolved spans. `reserve`:
+    spans to make events for up front (about the number of steps)."""
+    real = executor.ops
+    clock = SpanClock(getattr(real, "stream", None), 2 * reserve + 8)
+    executor.ops = SpanOps(real, clock)
+    try:
+        yield clock
+        clock.end()
+        real.synchronize()
+        clock.resolve()
+    finally:
+        executor.ops = real
+        clock.close()
