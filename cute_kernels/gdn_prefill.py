@@ -21,22 +21,73 @@ q S and q k^T, warps 4-7 (the "key group") k S and k k^T, sharing one code path 
 sQ or sK). Then the key group solves while the query group rescales k in place for the state
 update; then the query group adds A v_new and writes the output rows while all 8 warps update S.
 
+Value split (`vsplit` = 1, 2 or 4): the columns of S evolve independently given k, beta and the
+decays (S[:, c] only meets v[:, c]), so vsplit CTAs (one cluster) share a head, each owning dv /
+vsplit columns of S, R, v_new and o; the k-side work (l2norm, q k^T, k k^T, D, L, A) is repeated
+per CTA. The key group then solves with vsplit threads per column (interleaved terms, butterfly
+sum). The gated RMSNorm needs mean(o^2) over the whole dv row: each CTA writes its per-row partial
+sums of squares to smem (double-buffered by chunk parity), one cluster barrier per chunk, then
+every CTA adds the vsplit partials in rank order through DSMEM (identical norms in all CTAs).
+vsplit = 1 is the single-CTA kernel (grid Hv, no cluster), unchanged.
+
 Layouts: qkv [T, 2*Hk*dk + Hv*dv] bf16 (conv output q | k | v), z and out [T, Hv*dv] bf16, a and
 b [T, Hv] bf16 (any row stride), A_log and dt_bias [Hv] fp32, norm_w [dv] bf16, state
 [slots * Hv, dk, dv] fp32 (the decode kernels' layout); `slot` picks the sequence's state.
-Shared memory (89 KiB): q / v_new tile, k tile (bf16 64 x 128 each), S in bf16
-(128 x 128) aliased by R in fp32 (64 x 128), L fp32 (64 x 64), A bf16 (64 x 64), G and beta.
+Shared memory (89 KiB at vsplit 1): q / v_new tile, k tile (bf16 64 x 128 each), S in bf16
+(128 x dv/vsplit) aliased by R in fp32 (64 x dv/vsplit), L fp32 (64 x 64), A bf16 (64 x 64), G and
+beta, and for vsplit > 1 the row partial sums of squares (2 x 64 fp32).
 """
 
 import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 L2_EPS = 1e-6
 LOG2E = 1.4426950408889634
 VEC = 4  # bf16 values per lane when a warp loads one 128-wide row
+VSPLITS = (1, 2, 4)
+
+
+@dsl_user_op
+def _ld_cluster_f32(addr, rank, *, loc=None, ip=None):
+    """ld.shared::cluster of the fp32 at local smem address `addr` in CTA `rank` of the cluster (a
+    side effect, so it stays after the cluster barrier that orders it)."""
+    return cutlass.Float32(llvm.inline_asm(
+        T.f32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip), cutlass.Int32(rank).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 ra;\n\tmapa.shared::cluster.u32 ra, $1, $2;\n\tld.shared::cluster.f32 $0, [ra];\n\t}",
+        "=f,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+def _shared_storage(c: int, lay_ck, lay_cc, lay_s, split: bool):
+    """The kernel's smem struct; with `split`, also the row partial sums of squares (2 x c fp32)."""
+    bf16, f32 = cutlass.BFloat16, cutlass.Float32
+
+    @cute.struct
+    class SharedStorage:
+        sQ: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_ck)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_ck)], 1024]
+        sS: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_s)], 1024]
+        sL: cute.struct.Align[cute.struct.MemRange[f32, c * c], 16]
+        sA: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_cc)], 1024]
+        sG: cute.struct.Align[cute.struct.MemRange[f32, c], 16]
+        sBeta: cute.struct.Align[cute.struct.MemRange[f32, c], 16]
+
+    @cute.struct
+    class SharedStorageSplit:
+        sQ: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_ck)], 1024]
+        sK: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_ck)], 1024]
+        sS: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_s)], 1024]
+        sL: cute.struct.Align[cute.struct.MemRange[f32, c * c], 16]
+        sA: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_cc)], 1024]
+        sG: cute.struct.Align[cute.struct.MemRange[f32, c], 16]
+        sBeta: cute.struct.Align[cute.struct.MemRange[f32, c], 16]
+        sSS: cute.struct.Align[cute.struct.MemRange[f32, 2 * c], 16]
+
+    return SharedStorageSplit if split else SharedStorage
 
 
 def _warp_sum(x):
@@ -47,43 +98,48 @@ def _warp_sum(x):
 
 
 class GdnChunk:
-    """Chunked gated delta rule + gates + q/k l2norm + gated RMSNorm; one CTA per value head."""
+    """Chunked gated delta rule + gates + q/k l2norm + gated RMSNorm; `vsplit` CTAs per value head."""
 
-    def __init__(self, head_k: int = 128, head_v: int = 128, chunk: int = 64, warps: int = 8):
+    def __init__(self, head_k: int = 128, head_v: int = 128, chunk: int = 64, warps: int = 8, vsplit: int = 1):
         if (head_k, head_v, chunk, warps) != (128, 128, 64, 8):
             raise ValueError("GdnChunk is written for dk = dv = 128, chunk 64, 8 warps")
-        self.dk, self.dv, self.chunk, self.warps = head_k, head_v, chunk, warps
+        if vsplit not in VSPLITS:
+            raise ValueError(f"GdnChunk vsplit must be one of {VSPLITS}, got {vsplit}")
+        self.dk, self.dv, self.chunk, self.warps, self.vsplit = head_k, head_v, chunk, warps, vsplit
+        self.dvs = head_v // vsplit  # value columns per CTA
 
     @cute.jit
     def __call__(self, mQKV: cute.Tensor, mZ: cute.Tensor, mA: cute.Tensor, mB: cute.Tensor,
                  mALog: cute.Tensor, mDtBias: cute.Tensor, mNormW: cute.Tensor, mState: cute.Tensor,
                  mOut: cute.Tensor, slot: cutlass.Int32, eps: cutlass.Float32, stream: cuda.CUstream):
         bf16, f32 = cutlass.BFloat16, cutlass.Float32
-        c, dk, dv = self.chunk, self.dk, self.dv
+        c, dk, vs, dvs = self.chunk, self.dk, self.vsplit, self.dvs
         # 8 rows x 64 bf16 (128 bytes) per swizzle atom: conflict-free ldmatrix (as in attn_prefill).
         atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0,
                                          cute.make_layout((8, 64), stride=(64, 1)))
         lay_ck = cute.tile_to_shape(atom, (c, dk), (0, 1))
         lay_cc = cute.tile_to_shape(atom, (c, c), (0, 1))
-        lay_s = cute.tile_to_shape(atom, (dk, dv), (0, 1))
-
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_ck)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_ck)], 1024]
-            sS: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_s)], 1024]
-            sL: cute.struct.Align[cute.struct.MemRange[f32, c * c], 16]
-            sA: cute.struct.Align[cute.struct.MemRange[bf16, cute.cosize(lay_cc)], 1024]
-            sG: cute.struct.Align[cute.struct.MemRange[f32, c], 16]
-            sBeta: cute.struct.Align[cute.struct.MemRange[f32, c], 16]
+        if cutlass.const_expr(dvs >= 64):
+            lay_s = cute.tile_to_shape(atom, (dk, dvs), (0, 1))
+        else:  # 32 columns: 8 rows x 32 bf16 (64 bytes) per atom
+            atom32 = cute.make_composed_layout(cute.make_swizzle(2, 3, 3), 0,
+                                               cute.make_layout((8, 32), stride=(32, 1)))
+            lay_s = cute.tile_to_shape(atom32, (dk, dvs), (0, 1))
+        SharedStorage = _shared_storage(c, lay_ck, lay_cc, lay_s, vs > 1)
 
         atom_mma = warp.MmaF16BF16Op(bf16, f32, (16, 8, 16))
         mma_g = cute.make_tiled_mma(atom_mma, (4, 1, 1), permutation_mnk=(64, 16, 16))  # one group
         mma_s = cute.make_tiled_mma(atom_mma, (8, 1, 1), permutation_mnk=(128, 16, 16))  # all 8 warps
         hv = cute.size(mALog, mode=[0])
-        self.kernel(mQKV, mZ, mA, mB, mALog, mDtBias, mNormW, mState, mOut, slot, eps,
-                    lay_ck, lay_cc, lay_s, mma_g, mma_s, SharedStorage).launch(
-            grid=(hv, 1, 1), block=(32 * self.warps, 1, 1), stream=stream)
+        launch = self.kernel(mQKV, mZ, mA, mB, mALog, mDtBias, mNormW, mState, mOut, slot, eps,
+                             lay_ck, lay_cc, lay_s, mma_g, mma_s, SharedStorage)
+        if cutlass.const_expr(vs == 1):
+            launch.launch(grid=(hv, 1, 1), block=(32 * self.warps, 1, 1), stream=stream)
+        elif cutlass.const_expr(vs == 2):  # the vsplit CTAs of a head form one cluster (consecutive blocks)
+            launch.launch(grid=(hv * vs, 1, 1), block=(32 * self.warps, 1, 1), cluster=(vs, 1, 1), stream=stream)
+        else:  # 4 Hv CTAs exceed the SMs: <= 128 registers so that two CTAs fit on one SM
+            launch.launch(grid=(hv * vs, 1, 1), block=(32 * self.warps, 1, 1), cluster=(vs, 1, 1), stream=stream,
+                          min_blocks_per_mp=2, preferred_smem_carveout=100)
 
     @cute.kernel
     def kernel(self, mQKV: cute.Tensor, mZ: cute.Tensor, mA: cute.Tensor, mB: cute.Tensor,
@@ -92,9 +148,14 @@ class GdnChunk:
                lay_ck: cute.ComposedLayout, lay_cc: cute.ComposedLayout, lay_s: cute.ComposedLayout,
                mma_g: cute.TiledMma, mma_s: cute.TiledMma, SharedStorage: cutlass.Constexpr):
         bf16, f32 = cutlass.BFloat16, cutlass.Float32
-        c, dk, dv = self.chunk, self.dk, self.dv
+        c, dk, dv, vs, dvs = self.chunk, self.dk, self.dv, self.vsplit, self.dvs
         tidx, _, _ = cute.arch.thread_idx()
-        head, _, _ = cute.arch.block_idx()
+        bid, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(vs == 1):
+            head, part = bid, 0
+        else:
+            head, part = bid // vs, bid % vs  # part = this CTA's rank in the head's cluster
+        c0 = part * dvs  # first value column of this CTA
         wid = tidx // 32
         lane = tidx % 32
         grp = wid // 4  # 0: query group, 1: key group
@@ -103,7 +164,7 @@ class GdnChunk:
         hv = cute.size(mALog, mode=[0])
         hk = (cute.size(mQKV, mode=[1]) - hv * dv) // (2 * dk)
         kh = head // (hv // hk)
-        v_col = 2 * hk * dk + head * dv
+        v_col = 2 * hk * dk + head * dv + c0
 
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(SharedStorage)
@@ -111,7 +172,7 @@ class GdnChunk:
         sK = st.sK.get_tensor(lay_ck)
         sS = st.sS.get_tensor(lay_s)
         sVn = sQ  # v_new reuses the q tile (q is last read by the products before the solve)
-        sR = cute.make_tensor(cute.recast_ptr(sS.iterator, dtype=f32), cute.make_layout((c, dv), stride=(dv, 1)))
+        sR = cute.make_tensor(cute.recast_ptr(sS.iterator, dtype=f32), cute.make_layout((c, dvs), stride=(dvs, 1)))
         sL = st.sL.get_tensor(cute.make_layout((c, c), stride=(c, 1)))
         sA = st.sA.get_tensor(lay_cc)
         sG = st.sG.get_tensor(cute.make_layout((c,)))
@@ -119,23 +180,25 @@ class GdnChunk:
         # This group's A tile (q or k): the two tiles are adjacent with the same layout.
         sX = cute.make_tensor((sQ.iterator + grp * cute.cosize(lay_ck)).align(1024), lay_ck)
         # Transposed views for the operands that are stored the other way round.
-        sSt = cute.composition(sS, cute.make_layout((dv, dk), stride=(dk, 1)))  # (dv, dk)
-        sVnT = cute.composition(sVn, cute.make_layout((dv, c), stride=(c, 1)))  # (dv, chunk)
+        sSt = cute.composition(sS, cute.make_layout((dvs, dk), stride=(dk, 1)))  # (dvs, dk)
+        sVnT = cute.composition(sVn, cute.make_layout((dvs, c), stride=(c, 1)))  # (dvs, chunk)
         sKT = cute.composition(sK, cute.make_layout((dk, c), stride=(c, 1)))  # (dk, chunk)
 
         # The state: fp32 accumulator of the 8-warp tiling, loaded once, stored once.
         thr_s = mma_s.get_slice(tidx)
         gS = mState[slot * hv + head, None, None]
-        accS = cute.make_rmem_tensor(thr_s.partition_shape_C((dk, dv)), f32)
+        if cutlass.const_expr(vs > 1):
+            gS = cute.local_tile(gS, (dk, dvs), (0, part))  # this CTA's columns of the state
+        accS = cute.make_rmem_tensor(thr_s.partition_shape_C((dk, dvs)), f32)
         cute.autovec_copy(thr_s.partition_C(gS), accS)
         s2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), bf16), mma_s)
         thr_s2s = s2s.get_slice(tidx)
         tSsS = thr_s2s.partition_D(sS)
 
         thr_g = mma_g.get_slice(gt)
-        cX = thr_g.partition_C(cute.make_identity_tensor((c, dv)))
+        cX = thr_g.partition_C(cute.make_identity_tensor((c, dvs)))
         cXK = thr_g.partition_C(cute.make_identity_tensor((c, c)))
-        acc_x = cute.make_rmem_tensor(thr_g.partition_shape_C((c, dv)), f32)
+        acc_x = cute.make_rmem_tensor(thr_g.partition_shape_C((c, dvs)), f32)
         acc_xk = cute.make_rmem_tensor(thr_g.partition_shape_C((c, c)), f32)
         a_log = cute.math.exp(mALog[head], fastmath=False)
         dt_bias = mDtBias[head]
@@ -219,7 +282,10 @@ class GdnChunk:
 
             # ---- c. key group: (I + L) v_new = R; query group: k *= exp(G_last - G_i) -----------
             if grp == 1:
-                self._solve(sL, sR, sVn, gt)
+                if cutlass.const_expr(vs == 1):
+                    self._solve(sL, sR, sVn, gt)
+                else:  # vs threads (adjacent lanes) per column
+                    self._solve_split(sL, sR, sVn, gt // vs, gt % vs)
             else:
                 row = gt // 2
                 scale = cute.math.exp(sG[c - 1] - sG[row], fastmath=False)
@@ -235,12 +301,28 @@ class GdnChunk:
             decay_last = cute.math.exp(sG[c - 1], fastmath=False)
             accS.store(accS.load() * decay_last)
             self._gemm(mma_s, tidx, accS, sKT, sVnT, True, True)
-            if grp == 0:
-                self._gemm(mma_g, gt, acc_x, sA, sVnT, False, True)
-                self._output(acc_x, cX, mZ, mNormW, mOut, t0, t_len, head, eps)
+            if cutlass.const_expr(vs == 1):
+                if grp == 0:
+                    self._gemm(mma_g, gt, acc_x, sA, sVnT, False, True)
+                    self._output(acc_x, cX, mZ, mNormW, mOut, t0, t_len, head, eps)
+            else:
+                sSS = st.sSS.get_tensor(cute.make_layout((2 * c,)))
+                buf = (ci % 2) * c  # double-buffered by chunk parity: one cluster barrier per chunk
+                if grp == 0:
+                    self._gemm(mma_g, gt, acc_x, sA, sVnT, False, True)
+                    self._row_sumsq(acc_x, cX, sSS, buf, lane)
+                # release our partials, acquire the peers' (every thread of every CTA arrives)
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+                if grp == 0:
+                    self._output_split(acc_x, cX, sSS, buf, mZ, mNormW, mOut, t0, t_len, head, c0, eps)
             cute.arch.barrier()  # the next chunk overwrites every tile
 
         cute.autovec_copy(accS, thr_s.partition_C(gS))
+        if cutlass.const_expr(vs > 1):
+            # No CTA leaves while a peer may still read its partial sums of the last chunk.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     @cute.jit
     def _gates(self, mA: cute.Tensor, mB: cute.Tensor, t, t_len, head, a_log, dt_bias):
@@ -287,6 +369,71 @@ class GdnChunk:
                 parts[m % 4] = parts[m % 4] - sL[i, m] * x[m]
             x[i] = (parts[0] + parts[1]) + (parts[2] + parts[3])
             sVn[i, col] = x[i].to(cutlass.BFloat16)
+
+    @cute.jit
+    def _solve_split(self, sL: cute.Tensor, sR: cute.Tensor, sVn: cute.Tensor, col, r):
+        """Forward substitution of (I + L) x = R[:, col] by P = vsplit adjacent lanes: lane r owns
+        x[m] for m = P j + r (in registers, zero until solved) and sums those terms of each row; a
+        butterfly over the P lanes gives every lane the row's sum. Terms with m >= i read L = 0
+        and an unsolved x = 0, so the trip counts are compile-time. Lane r = 0 writes x -> sVn."""
+        f32 = cutlass.Float32
+        c, p = self.chunk, self.vsplit
+        x = cute.make_rmem_tensor((c // p,), f32)
+        x.fill(0.0)
+        for i in cutlass.range_constexpr(c):
+            parts = [f32(0.0), f32(0.0)]
+            for j in cutlass.range_constexpr((i + p - 1) // p):
+                parts[j % 2] = parts[j % 2] + sL[i, p * j + r] * x[j]
+            acc = parts[0] + parts[1]
+            for off in cutlass.range_constexpr(p.bit_length() - 1):
+                acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=1 << off)
+            xi = sR[i, col] - acc
+            if r == i % p:
+                x[i // p] = xi
+            if r == 0:
+                sVn[i, col] = xi.to(cutlass.BFloat16)
+
+    @cute.jit
+    def _row_sumsq(self, acc: cute.Tensor, coord: cute.Tensor, sSS: cute.Tensor, buf, lane):
+        """This CTA's sums of o^2 over its columns for the thread's two rows (quad shuffles, as in
+        `_output`) -> sSS[buf + row] (lane 0 of each quad)."""
+        f32 = cutlass.Float32
+        ss0, ss1 = f32(0.0), f32(0.0)
+        for e in cutlass.range_constexpr(cute.size(acc)):
+            h = ((coord[e][0] % 16) // 8).to(f32)
+            sq = acc[e] * acc[e]
+            ss1 = ss1 + h * sq
+            ss0 = ss0 + (1.0 - h) * sq
+        for off in cutlass.range_constexpr(2):
+            ss0 = ss0 + cute.arch.shuffle_sync_bfly(ss0, offset=1 << off)
+            ss1 = ss1 + cute.arch.shuffle_sync_bfly(ss1, offset=1 << off)
+        row0 = coord[0][0] - 8 * ((coord[0][0] % 16) // 8)  # the thread's row with (i % 16) < 8
+        if lane % 4 == 0:
+            sSS[buf + row0] = ss0
+            sSS[buf + row0 + 8] = ss1
+
+    @cute.jit
+    def _output_split(self, acc: cute.Tensor, coord: cute.Tensor, sSS: cute.Tensor, buf, mZ: cute.Tensor,
+                      mNormW: cute.Tensor, mOut: cute.Tensor, t0, t_len, head, c0, eps: cutlass.Float32):
+        """Gated RMSNorm of this CTA's columns: mean(o^2) from the cluster's partial sums (ranks in
+        order, so every CTA of the head uses the same norm); bf16 stores for rows < T."""
+        f32 = cutlass.Float32
+        dv = self.dv
+        row0 = coord[0][0] - 8 * ((coord[0][0] % 16) // 8)
+        ss0, ss1 = f32(0.0), f32(0.0)
+        for rank in cutlass.range_constexpr(self.vsplit):
+            ss0 = ss0 + _ld_cluster_f32((sSS.iterator + (buf + row0)).toint(), rank)
+            ss1 = ss1 + _ld_cluster_f32((sSS.iterator + (buf + row0 + 8)).toint(), rank)
+        sc0 = cute.math.rsqrt(ss0 / dv + eps, fastmath=False)
+        sc1 = cute.math.rsqrt(ss1 / dv + eps, fastmath=False)
+        for e in cutlass.range_constexpr(cute.size(acc)):
+            i, col = coord[e]
+            z = mZ[cutlass.min(t0 + i, t_len - 1), head * dv + c0 + col].to(f32)  # loads without a branch
+            if t0 + i < t_len:
+                h = ((i % 16) // 8).to(f32)
+                gate = z / (cute.math.exp2(z * -LOG2E, fastmath=True) + 1.0)
+                y = acc[e] * (sc0 + h * (sc1 - sc0)) * mNormW[c0 + col].to(f32) * gate
+                mOut[t0 + i, head * dv + c0 + col] = y.to(cutlass.BFloat16)
 
     @cute.jit
     def _output(self, acc: cute.Tensor, coord: cute.Tensor, mZ: cute.Tensor, mNormW: cute.Tensor,

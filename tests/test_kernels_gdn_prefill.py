@@ -1,6 +1,7 @@
-"""CPU: the GDN prefill kernels (gdn_conv_prefill, gdn_chunk) — their algebra against A1's numpy
-reference, builds for sm_90a and sm_120a (tensor-core mma in the SASS, smem within the arch limit),
-manifests consistent with the registry entries, launcher packing and argument checks."""
+"""CPU: the GDN prefill kernels (gdn_conv_prefill, gdn_chunk and its vsplit variants) — their algebra
+against A1's numpy reference (including the split-column solve and the cluster RMSNorm), builds for
+sm_90a and sm_120a (tensor-core mma in the SASS, smem within the arch limit, registers without
+spills), manifests consistent with the registry entries, launcher packing and argument checks."""
 
 import hashlib
 import struct
@@ -12,15 +13,20 @@ from gdn_prefill_emulation import chunk_kernel, inputs_to_heads
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import ParamLayout, ParamSpec
-from inferno.kernels.gdn_prefill_variants import (GDN_PREFILL_LAUNCHERS, GDN_PREFILL_VARIANTS, GdnChunk,
-                                                  GdnConvPrefill)
+from inferno.kernels.gdn_prefill_variants import (DEFAULT_VSPLIT, GDN_CHUNK_VSPLIT_VARIANTS, GDN_PREFILL_LAUNCHERS,
+                                                  GDN_PREFILL_VARIANTS, VSPLITS, GdnChunk, GdnConvPrefill,
+                                                  chunk_variant)
 from inferno.kernels.manifest import Manifest, grid_symbols, source_hash
 from inferno.kernels.registry import ARCHS, Tensor
 from inferno.model.reference.gdn import causal_conv, chunked_delta_rule, recurrent_delta_rule
+from inferno.model.reference.norms import gated_rms_norm
 
 SMEM_LIMIT = {"sm_90a": 232448, "sm_120a": 101376}
-BY_NAME = {v.name: v for v in GDN_PREFILL_VARIANTS}
-PAIRS = [(v.name, a) for v in GDN_PREFILL_VARIANTS for a in v.archs]
+ALL = (*GDN_PREFILL_VARIANTS, *GDN_CHUNK_VSPLIT_VARIANTS)
+BY_NAME = {v.name: v for v in ALL}
+ALT_ARCHS = ("sm_90a",)  # the non-default vsplit variants are built for the H200 only (test time)
+PAIRS = [(v.name, a) for v in GDN_PREFILL_VARIANTS for a in v.archs] + [
+    (v.name, a) for v in GDN_CHUNK_VSPLIT_VARIANTS for a in ALT_ARCHS]
 D = 128
 
 
@@ -52,6 +58,65 @@ def test_chunk_algebra_matches_reference(t):
     if t > 1:  # and A1's chunked form agrees with both
         o_c, s_c = chunked_delta_rule(q, k, v, g, beta, state)
         assert _rel(o, o_c) < 1e-5 and _rel(s, s_c) < 1e-5
+
+
+def _split_solve(l_mat: np.ndarray, r_mat: np.ndarray, p: int) -> np.ndarray:
+    """GdnChunk._solve_split on every column at once: lane r of a column holds x[p j + r] (zero until
+    solved) and sums terms j < ceil(i / p) of row i in two alternating fp32 partials; a butterfly over
+    the p lanes adds them; the owner lane stores x_i. Asserts every lane gets the same row sum."""
+    c, ncol = r_mat.shape
+    xs = np.zeros((p, c // p, ncol), np.float32)
+    out = np.empty_like(r_mat)
+    for i in range(c):
+        lane = []
+        for r in range(p):
+            parts = [np.zeros(ncol, np.float32), np.zeros(ncol, np.float32)]
+            for j in range((i + p - 1) // p):
+                parts[j % 2] = parts[j % 2] + l_mat[i, p * j + r] * xs[r, j]
+            lane.append(parts[0] + parts[1])
+        off = 1
+        while off < p:
+            lane = [lane[r] + lane[r ^ off] for r in range(p)]
+            off <<= 1
+        assert all(np.array_equal(x, lane[0]) for x in lane)
+        out[i] = r_mat[i] - lane[0]
+        xs[i % p, i // p] = out[i]
+    return out
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_split_solve_matches_solve(p):
+    """The value-split solve (p lanes per column, interleaved terms) solves (I + L) x = R."""
+    rng = np.random.default_rng(p)
+    k = rng.standard_normal((64, D), np.float32)
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    g = np.cumsum(-rng.uniform(0, 0.1, 64)).astype(np.float32)
+    beta = rng.uniform(0, 1, 64).astype(np.float32)
+    l_mat = np.tril(beta[:, None] * (k @ k.T) * np.exp(np.minimum(g[:, None] - g[None, :], 0)), -1)
+    r_mat = rng.standard_normal((64, D // p), np.float32)
+    x = _split_solve(l_mat.astype(np.float32), r_mat, p)
+    ref = np.linalg.solve(np.eye(64) + l_mat.astype(np.float64), r_mat.astype(np.float64))
+    assert _rel(x, ref) < 1e-5
+
+
+@pytest.mark.parametrize("vs", [2, 4])
+def test_split_rmsnorm_from_partial_sums(vs):
+    """Per-CTA partial sums of o^2 over dv / vs columns, added in rank order, give the gated RMSNorm
+    of the whole row when each CTA scales only its own columns."""
+    rng = np.random.default_rng(vs)
+    o = rng.standard_normal((64, D), np.float32)
+    z = rng.standard_normal((64, D), np.float32)
+    w = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32)
+    eps, dvs = 1e-6, D // vs
+    parts = [np.sum(o[:, r * dvs:(r + 1) * dvs] ** 2, axis=1) for r in range(vs)]
+    total = parts[0]
+    for x in parts[1:]:
+        total = total + x
+    scale = 1 / np.sqrt(total / D + eps)
+    y = np.concatenate([o[:, r * dvs:(r + 1) * dvs] * scale[:, None] * w[r * dvs:(r + 1) * dvs]
+                        * z[:, r * dvs:(r + 1) * dvs] / (1 + np.exp(-z[:, r * dvs:(r + 1) * dvs]))
+                        for r in range(vs)], axis=1)
+    np.testing.assert_allclose(y, gated_rms_norm(o, z, w, eps), rtol=1e-5, atol=1e-6)
 
 
 def test_bf16_operands_cost_well_under_the_gpu_tolerance():
@@ -104,7 +169,8 @@ def built(tmp_path_factory):
     from inferno.kernels import build as kbuild
 
     root = tmp_path_factory.mktemp("gdn_prefill_kernels")
-    kbuild.build_all(list(GDN_PREFILL_VARIANTS), list(ARCHS), root, progress=None)  # about 25 s
+    kbuild.build_all(list(GDN_PREFILL_VARIANTS), list(ARCHS), root, progress=None)  # about 35 s
+    kbuild.build_all(list(GDN_CHUNK_VSPLIT_VARIANTS), list(ALT_ARCHS), root, progress=None)  # about 20 s
     return root
 
 
@@ -116,11 +182,20 @@ def test_variants_are_distinct_and_have_launchers():
     from inferno.kernels.gdn_variants import GDN_VARIANTS
     from inferno.kernels.registry import VARIANTS
 
-    taken = {v.name for v in (*VARIANTS, *GDN_VARIANTS) if v not in GDN_PREFILL_VARIANTS}
-    assert len(BY_NAME) == len(GDN_PREFILL_VARIANTS) and not taken & set(BY_NAME)
-    assert {v.op for v in GDN_PREFILL_VARIANTS} == set(GDN_PREFILL_LAUNCHERS)
-    for v in GDN_PREFILL_VARIANTS:
+    taken = {v.name for v in (*VARIANTS, *GDN_VARIANTS) if v not in ALL}
+    assert len(BY_NAME) == len(ALL) and not taken & set(BY_NAME)
+    assert {v.op for v in ALL} == set(GDN_PREFILL_LAUNCHERS)
+    for v in ALL:
         assert set(v.archs) == set(ARCHS) and v.source_file.is_file()
+    # one gdn_chunk in GDN_PREFILL_VARIANTS (the executor's), one variant per vsplit in all
+    assert [v.name for v in GDN_PREFILL_VARIANTS if v.op == "gdn_chunk"] == ["gdn_chunk"]
+    assert chunk_variant(DEFAULT_VSPLIT).name == "gdn_chunk"
+    for n in VSPLITS:
+        v = chunk_variant(n)
+        assert v.config["vsplit"] == n and v.grid == (("Hv" if n == 1 else f"Hv * {n}"), "1", "1")
+    assert sorted(chunk_variant(n).name for n in VSPLITS) == sorted(v.name for v in ALL if v.op == "gdn_chunk")
+    with pytest.raises(LaunchError, match="vsplit = 3 is not one of"):
+        chunk_variant(3)
 
 
 @pytest.mark.parametrize("name,arch", PAIRS)
@@ -154,16 +229,10 @@ def test_manifest_complete_and_consistent(built, name, arch):
     assert cache.stale_reason(v, arch, built) is None
 
 
-def test_chunk_block_smem_and_tensor_cores(built):
-    """256 threads; q/k tiles + S (bf16) + L (fp32) + A (bf16) in smem; the products are HMMA."""
+def _cuobjdump():
     import os
     import shutil
-    import subprocess
 
-    need = 2 * 64 * 128 * 2 + 128 * 128 * 2 + 64 * 64 * 4 + 64 * 64 * 2 + 2 * 64 * 4
-    for arch in ARCHS:
-        m = _manifest(built, "gdn_chunk", arch)
-        assert m.block == [256, 1, 1] and need <= m.smem <= SMEM_LIMIT[arch]
     tool = shutil.which("cuobjdump")
     if tool is None:
         try:
@@ -174,13 +243,47 @@ def test_chunk_block_smem_and_tensor_cores(built):
         tool = next((c for c in cand if os.path.exists(c)), None)
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    for arch in ARCHS:
-        sass = subprocess.run([tool, "-sass", str(built / arch / "gdn_chunk.cubin")], capture_output=True,
-                              text=True, check=True).stdout
+    return tool
+
+
+@pytest.mark.parametrize("vs", VSPLITS)
+def test_chunk_block_smem_and_tensor_cores(built, vs):
+    """256 threads; q/k tiles + S (bf16, dv/vs columns) + L (fp32) + A (bf16) (+ the row partial sums)
+    in smem; the products are HMMA; registers: no spills at vsplit 1 and 2 (at most 255 per thread, as
+    one CTA per SM), at most 128 at vsplit 4 (two CTAs per SM) with only a few spilled loop
+    invariants; cluster barriers exactly when the value dim is split."""
+    import re
+    import subprocess
+
+    v = chunk_variant(vs)
+    dvs = D // vs
+    need = 2 * 64 * D * 2 + D * dvs * 2 + 64 * 64 * 4 + 64 * 64 * 2 + 2 * 64 * 4 + (2 * 64 * 4 if vs > 1 else 0)
+    archs = ARCHS if v in GDN_PREFILL_VARIANTS else ALT_ARCHS
+    for arch in archs:
+        m = _manifest(built, v.name, arch)
+        assert m.block == [256, 1, 1] and need <= m.smem <= SMEM_LIMIT[arch]
+    tool = _cuobjdump()
+    for arch in archs:
+        cubin = str(built / arch / f"{v.name}.cubin")
+        sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([tool, "--dump-resource-usage", cubin], capture_output=True, text=True,
+                               check=True).stdout
+        regs = int(re.search(r"REG:(\d+)", usage).group(1))
         hmma, ldsm = sass.count("HMMA.16816.F32.BF16"), sass.count("LDSM")
-        print(f"{arch}: {hmma} HMMA.16816.F32.BF16, {ldsm} LDSM per chunk iteration")
-        # Per warp and chunk: X S (128) + X k^T (64) + A v_new (64) + S update (64) mma.sync.
-        assert hmma == 320 and ldsm > 0
+        spills = len(re.findall(r"\b(?:LDL|STL)\b", sass))
+        print(f"{v.name} {arch}: {regs} registers, {spills} LDL/STL, {hmma} HMMA.16816.F32.BF16, {ldsm} LDSM")
+        # Per warp and chunk: X S (128/vs) + X k^T (64) + A v_new (64/vs) + S update (64/vs) mma.sync.
+        assert hmma == 64 + 256 // vs and ldsm > 0
+        if vs == 1:
+            assert regs <= 255 and spills <= 4  # the 16-byte stack of the original kernel
+        elif vs == 2:
+            assert regs <= 255 and spills == 0
+        else:
+            assert regs <= 128 and spills <= 32
+        assert ("UCGABAR_ARV" in sass) == (vs > 1) and ("UCGABAR_WAIT" in sass) == (vs > 1)
+        if vs > 1:  # the DSMEM reads of the partial sums (generic LD after mapa) follow the cluster wait
+            dsmem = [m.start() for m in re.finditer(r"\bLD\.E\b", sass)]
+            assert len(dsmem) == 2 * vs and min(dsmem) > sass.index("UCGABAR_WAIT")
 
 
 # --- launchers without a GPU: packing and validation up to the driver call ----------------------
@@ -189,9 +292,11 @@ def test_chunk_block_smem_and_tensor_cores(built):
 class _Recorder:
     def __init__(self):
         self.calls = []
+        self.clusters = []
 
-    def __call__(self, kernel, grid, block, params, smem, stream):
+    def __call__(self, kernel, grid, block, params, smem, stream, cluster=None):
         self.calls.append((tuple(grid), tuple(block), params, smem))
+        self.clusters.append(cluster)
 
 
 @pytest.fixture
@@ -232,10 +337,11 @@ def test_conv_launcher_packs_and_grids(built, rec, arch):
     assert params.raw("slot") == struct.pack("<i", slot)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name,arch", [p for p in PAIRS if BY_NAME[p[0]].op == "gdn_chunk"])
 @pytest.mark.parametrize("hk,hv", [(16, 48), (16, 32)])
-def test_chunk_launcher_packs_and_grids(built, rec, arch, hk, hv):
-    k = GdnChunk(_fake_loaded(built, "gdn_chunk", arch))
+def test_chunk_launcher_packs_and_grids(built, rec, name, arch, hk, hv):
+    k = GdnChunk(_fake_loaded(built, name, arch))
+    vs = BY_NAME[name].config["vsplit"]
     t, ns, slot = 1024, 6, 5
     cq, zw = 2 * hk * D + hv * D, hv * D
     ab = _dev(t * 2 * hv * 2, 1 << 30)  # a and b inside one fused [T, 2 * Hv] projection output
@@ -246,7 +352,8 @@ def test_chunk_launcher_packs_and_grids(built, rec, arch, hk, hv):
                 out=_dev(t * zw * 2, 1 << 36))
     k(*bufs.values(), t, hk, hv, ns, slot, 1e-6, a_stride=2 * hv, b_stride=2 * hv)
     grid, block, params, smem = rec.calls[-1]
-    assert grid == (hv, 1, 1) and block == (256, 1, 1) and smem > 48 * 1024
+    assert grid == (hv * vs, 1, 1) and block == (256, 1, 1) and smem > 48 * 1024
+    assert rec.clusters[-1] == (vs, 1, 1)  # one cluster of vs CTAs per value head
     p = {n: bufs[n].ptr for n in bufs}
     assert params.raw("qkv") == struct.pack("<Qiiq", p["qkv"], t, cq, cq)
     assert params.raw("z") == struct.pack("<Qiiq", p["z"], t, zw, zw)

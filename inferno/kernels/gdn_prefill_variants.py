@@ -5,7 +5,10 @@
                     updating the sequence's conv state
   gdn_chunk         chunked gated delta rule (chunks of 64, tensor cores) over T tokens, fused with
                     the gates, q/k l2norm and the gated RMSNorm; continues from and updates the
-                    sequence's fp32 state
+                    sequence's fp32 state; DEFAULT_VSPLIT CTAs (one cluster) per value head
+
+`GDN_CHUNK_VSPLIT_VARIANTS`: the same op with the other value splits (`gdn_chunk_vs<n>`, n in
+VSPLITS), for tests and tools/bench_gdn_prefill.py; `chunk_variant(n)` picks one by its split.
 
 One sequence per call (`slot` picks its state). Layouts are the decode kernels' (docs/kernels-gdn.md):
 conv state [slots, K-1, conv_dim] bf16 tap-major, conv weight [K, conv_dim] bf16 tap-major,
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import TensorArg
+from inferno.kernels import launchers
 from inferno.kernels.launchers import Launcher, _buf, _int
 from inferno.kernels.registry import Scalar, Tensor, Variant
 
@@ -34,6 +38,33 @@ CONV_TOKENS = 16  # tokens per conv thread (one window slide in registers)
 HEAD_DIM = 128  # dk = dv for every Qwen3.5 GDN layer
 CHUNK = 64
 MAX_TOKENS = 65535 * CONV_TOKENS  # conv grid.y limit
+VSPLITS = (1, 2, 4)  # CTAs per value head of gdn_chunk (each owns dv / vsplit columns of the state)
+DEFAULT_VSPLIT = 2  # the executor's gdn_chunk
+
+
+def _chunk_variant(name: str, vsplit: int) -> Variant:
+    return Variant(
+        name=name, op="gdn_chunk", source="cute_kernels.gdn_prefill", cls="GdnChunk",
+        config=dict(head_k=HEAD_DIM, head_v=HEAD_DIM, chunk=CHUNK, warps=8, vsplit=vsplit),
+        args=(Tensor("qkv", "bf16", ("T", "Cq"), ("qkv_stride", 1)),
+              Tensor("z", "bf16", ("T", "Z"), ("z_stride", 1)),
+              Tensor("a", "bf16", ("T", "Hv"), ("a_stride", 1), align=2),
+              Tensor("b", "bf16", ("T", "Hv"), ("b_stride", 1), align=2),
+              Tensor("a_log", "f32", ("Hv",), (1,), align=4),
+              Tensor("dt_bias", "f32", ("Hv",), (1,), align=4),
+              Tensor("norm_w", "bf16", (HEAD_DIM,), (1,)),
+              Tensor("state", "f32", ("SH", HEAD_DIM, HEAD_DIM), (HEAD_DIM * HEAD_DIM, HEAD_DIM, 1)),
+              Tensor("out", "bf16", ("T", "Z"), ("out_stride", 1)),
+              Scalar("slot", "i32"),
+              Scalar("eps", "f32")),
+        grid=("Hv" if vsplit == 1 else f"Hv * {vsplit}", "1", "1"),
+        divisibility={"Cq": 8, "Z": 8, "qkv_stride": 8, "z_stride": 8, "out_stride": 8},
+        summary="GDN chunked prefill (C=64, mma.sync): gates + q/k l2norm + delta rule on the fp32 state "
+                + ("+ gated RMSNorm, one CTA per value head" if vsplit == 1 else
+                   f"+ gated RMSNorm, {vsplit} CTAs (a cluster) per value head, {HEAD_DIM // vsplit} "
+                   f"state columns each"),
+    )
+
 
 GDN_PREFILL_VARIANTS: tuple[Variant, ...] = (
     Variant(
@@ -50,40 +81,33 @@ GDN_PREFILL_VARIANTS: tuple[Variant, ...] = (
         summary=f"GDN prefill conv1d (K=4) + SiLU over T tokens with the conv state, "
                 f"8 channels x {CONV_TOKENS} tokens per thread",
     ),
-    Variant(
-        name="gdn_chunk", op="gdn_chunk", source="cute_kernels.gdn_prefill", cls="GdnChunk",
-        config=dict(head_k=HEAD_DIM, head_v=HEAD_DIM, chunk=CHUNK, warps=8),
-        args=(Tensor("qkv", "bf16", ("T", "Cq"), ("qkv_stride", 1)),
-              Tensor("z", "bf16", ("T", "Z"), ("z_stride", 1)),
-              Tensor("a", "bf16", ("T", "Hv"), ("a_stride", 1), align=2),
-              Tensor("b", "bf16", ("T", "Hv"), ("b_stride", 1), align=2),
-              Tensor("a_log", "f32", ("Hv",), (1,), align=4),
-              Tensor("dt_bias", "f32", ("Hv",), (1,), align=4),
-              Tensor("norm_w", "bf16", (HEAD_DIM,), (1,)),
-              Tensor("state", "f32", ("SH", HEAD_DIM, HEAD_DIM), (HEAD_DIM * HEAD_DIM, HEAD_DIM, 1)),
-              Tensor("out", "bf16", ("T", "Z"), ("out_stride", 1)),
-              Scalar("slot", "i32"),
-              Scalar("eps", "f32")),
-        grid=("Hv", "1", "1"),
-        divisibility={"Cq": 8, "Z": 8, "qkv_stride": 8, "z_stride": 8, "out_stride": 8},
-        summary="GDN chunked prefill (C=64, mma.sync): gates + q/k l2norm + delta rule on the fp32 state "
-                "+ gated RMSNorm, one CTA per value head",
-    ),
+    _chunk_variant("gdn_chunk", DEFAULT_VSPLIT),
 )
+GDN_CHUNK_VSPLIT_VARIANTS: tuple[Variant, ...] = tuple(
+    _chunk_variant(f"gdn_chunk_vs{n}", n) for n in VSPLITS if n != DEFAULT_VSPLIT)
 _BY_OP = {v.op: v for v in GDN_PREFILL_VARIANTS}
+_BY_NAME = {v.name: v for v in (*GDN_PREFILL_VARIANTS, *GDN_CHUNK_VSPLIT_VARIANTS)}
+
+
+def chunk_variant(vsplit: int) -> Variant:
+    """The gdn_chunk variant with `vsplit` CTAs per value head."""
+    if vsplit not in VSPLITS:
+        raise LaunchError(f"gdn_chunk: vsplit = {vsplit!r} is not one of {VSPLITS}")
+    return _BY_OP["gdn_chunk"] if vsplit == DEFAULT_VSPLIT else _BY_NAME[f"gdn_chunk_vs{vsplit}"]
 
 
 class _PrefillLauncher(Launcher):
     @classmethod
     def for_device(cls, device: "Device | None" = None, variant: str | None = None) -> "_PrefillLauncher":
-        """The launcher for this op's variant (or `variant`) on `device` (default GPU 0), loaded from
-        the kernel cache; works before the registry lists the GDN prefill variants."""
+        """The launcher for this op's default variant (or `variant`, by name) on `device` (default GPU 0),
+        loaded from the kernel cache; works before the registry lists the GDN prefill variants."""
         from inferno.cuda.device import Device
         from inferno.kernels.cache import load
 
-        v = _BY_OP[cls.op]
-        if variant is not None and variant != v.name:
-            raise LaunchError(f"{cls.__name__}: no variant {variant!r}; the {cls.op} variant is {v.name!r}")
+        v = _BY_OP[cls.op] if variant is None else _BY_NAME.get(variant)
+        if v is None or v.op != cls.op:
+            names = sorted(n for n, x in _BY_NAME.items() if x.op == cls.op)
+            raise LaunchError(f"{cls.__name__}: no variant {variant!r}; the {cls.op} variants are {names}")
         return cls(load(v, device or Device.open()))
 
     def _stride(self, stride: int | None, width: int, what: str) -> int:
@@ -152,9 +176,20 @@ class GdnConvPrefill(_PrefillLauncher):
 
 class GdnChunk(_PrefillLauncher):
     """The gated delta rule over `tokens` tokens of one sequence for every value head (chunks of 64),
-    fused with its gates, q/k l2norm and the gated RMSNorm; updates the fp32 state of `slot`."""
+    fused with its gates, q/k l2norm and the gated RMSNorm; updates the fp32 state of `slot`.
+    Variants with vsplit > 1 launch clusters of vsplit CTAs (one cluster per value head)."""
 
     op = "gdn_chunk"
+
+    def _launch(self, args: list, symbols: dict[str, int], stream: Any) -> None:
+        m = self.loaded.manifest
+        if self._params is None:
+            self._params = self.loaded.layout.pack(args)
+        else:
+            self._params.update(args)
+        grid = self._grid({"SMS": self.loaded.sm_count, **symbols})
+        cluster = (self.config.get("vsplit", 1), 1, 1)
+        launchers.launch(self.loaded.kernel, grid, m.block, self._params, m.smem, stream, cluster=cluster)
 
     def __call__(self, qkv: DeviceBuffer, z: DeviceBuffer, a: DeviceBuffer, b: DeviceBuffer,
                  a_log: DeviceBuffer, dt_bias: DeviceBuffer, norm_w: DeviceBuffer, state: DeviceBuffer,

@@ -1,5 +1,5 @@
-"""GPU: the GDN prefill kernels (gdn_conv_prefill, gdn_chunk) vs the numpy reference (A1's
-inferno.model.reference.gdn), and prefill followed by decode-kernel steps vs the reference.
+"""GPU: the GDN prefill kernels (gdn_conv_prefill, gdn_chunk at every vsplit) vs the numpy reference
+(A1's inferno.model.reference.gdn), and prefill followed by decode-kernel steps vs the reference.
 
 Fresh random inputs every run; outputs start poisoned (0xFF: bf16/fp32 NaN) with a poisoned guard
 tail; state slots the call does not use are poisoned and must come back bit-identical. T = 1, 63,
@@ -7,12 +7,15 @@ tail; state slots the call does not use are poisoned and must come back bit-iden
 counts. Every check prints its relative and max-abs error (run with -s), and the chunk checks also
 print the distance to tests/gdn_prefill_emulation.py (the kernel's own bf16 roundings), so a
 failure reads either as "kernel bug" (far from the emulation) or "tolerance" (close to it).
+Every vsplit (1, 2, 4: CTAs per value head) runs every chunk case; the split variants are also
+compared with vsplit 1 on the same inputs (they differ only in the solve's summation order).
 
 Cubins come from the kernel cache ($INFERNO_KERNEL_DIR); on a machine without the DSL build them
 first: `inferno kernels build --arch <gpu arch> --out $INFERNO_KERNEL_DIR` once the registry lists
 GDN_PREFILL_VARIANTS, or before that `python -c "from pathlib import Path; from inferno.kernels.build
 import build_all; from inferno.kernels.gdn_prefill_variants import GDN_PREFILL_VARIANTS as V;
-build_all(list(V), ['sm_90a'], Path('$INFERNO_KERNEL_DIR'))"` (the decode GDN kernels are needed too).
+build_all(list(V), ['sm_90a'], Path('$INFERNO_KERNEL_DIR'))"` (the decode GDN kernels are needed too),
+and the other vsplits, which no registry lists: the same with `GDN_CHUNK_VSPLIT_VARIANTS as V`.
 """
 
 import numpy as np
@@ -22,7 +25,8 @@ from gdn_prefill_emulation import chunk_kernel, gated_out, inputs_to_heads
 from inferno.cuda.copy import from_device, h2d, memset_d8
 from inferno.cuda.device import Device
 from inferno.cuda.memory import DeviceBuffer, device_alloc
-from inferno.kernels.gdn_prefill_variants import GDN_PREFILL_VARIANTS, HEAD_DIM, GdnChunk, GdnConvPrefill
+from inferno.kernels.gdn_prefill_variants import (DEFAULT_VSPLIT, GDN_PREFILL_VARIANTS, HEAD_DIM, VSPLITS, GdnChunk,
+                                                  GdnConvPrefill, chunk_variant)
 from inferno.kernels.gdn_variants import GDN_VARIANTS, GdnConv, GdnStep
 from inferno.kernels.reference import bf16
 from inferno.model.reference.gdn import causal_conv, chunked_delta_rule, recurrent_delta_rule
@@ -36,6 +40,7 @@ N_SLOTS = 3
 SLOT = 1
 OUT_TOL = 2e-2  # bf16 outputs, relative L2 (the bf16 emulation sits near 3e-3 at T = 65 and 1024)
 STATE_TOL = 1e-2  # fp32 state after bf16 tensor-core products, relative L2 (emulation: ~3e-3)
+SPLIT_TOL = 1e-2  # vsplit 2/4 vs vsplit 1 on the same inputs, relative L2 (bf16 v_new rounding flips)
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +55,24 @@ def rng():
 
 @pytest.fixture(scope="module")
 def kernels(device):
-    """Prefill conv + chunk launchers and the decode conv + step launchers (found by Variant, so they
-    load before the registry lists them)."""
+    """Prefill conv + default chunk launchers and the decode conv + step launchers (found by Variant,
+    so they load before the registry lists them)."""
     from inferno.kernels.cache import load
 
     decode = {v.name: v for v in GDN_VARIANTS}
     assert {v.name for v in GDN_PREFILL_VARIANTS} == {"gdn_conv_prefill", "gdn_chunk"}
     return (GdnConvPrefill.for_device(device), GdnChunk.for_device(device),
             GdnConv(load(decode["gdn_conv"], device)), GdnStep(load(decode["gdn_step"], device)))
+
+
+@pytest.fixture(scope="module")
+def chunks(device):
+    """{vsplit: gdn_chunk launcher} for every value split (the default one is `gdn_chunk`)."""
+    from inferno.kernels.cache import load
+
+    out = {n: GdnChunk(load(chunk_variant(n), device)) for n in VSPLITS}
+    assert out[DEFAULT_VSPLIT].name == "gdn_chunk"
+    return out
 
 
 class Bufs:
@@ -191,10 +206,11 @@ def _run_chunk(chunk, bufs, qkv, z, ab, a_log, dt_bias, w, state, t, hk, hv, eps
     return dstate, dout
 
 
+@pytest.mark.parametrize("vs", VSPLITS)
 @pytest.mark.parametrize("hk,hv", MODELS)
 @pytest.mark.parametrize("t", LENGTHS)
-def test_chunk(device, kernels, bufs, rng, hk, hv, t):
-    chunk = kernels[1]
+def test_chunk(device, chunks, bufs, rng, hk, hv, t, vs):
+    chunk = chunks[vs]
     eps = 1e-6
     qkv, z, ab, a_log, dt_bias, w = _chunk_inputs(rng, t, hk, hv)
     state = _poisoned_states(rng, (hv, D, D))
@@ -207,7 +223,7 @@ def test_chunk(device, kernels, bufs, rng, hk, hv, t):
     rule = recurrent_delta_rule if t == 1 else chunked_delta_rule
     o_ref, s_ref = rule(q, k, v, g, beta, state[SLOT])
     o_emu, s_emu = chunk_kernel(q, k, v, g, beta, state[SLOT])
-    name = f"gdn_chunk hk{hk} hv{hv} T={t}"
+    name = f"{chunk.name} (vsplit {vs}) hk{hk} hv{hv} T={t}"
     _report(f"{name}: out vs bf16 emulation", out, gated_out(o_emu, z, w, eps))
     _report(f"{name}: state vs bf16 emulation", new_state[SLOT], s_emu)
     rel, line = _report(f"{name}: out", out, gated_out(o_ref, z, w, eps))
@@ -216,6 +232,36 @@ def test_chunk(device, kernels, bufs, rng, hk, hv, t):
     assert rel <= OUT_TOL, line
     assert srel <= STATE_TOL, sline
     _check_other_slots(new_state, state, "recurrent state")
+
+
+@pytest.mark.parametrize("vs", [n for n in VSPLITS if n > 1])
+@pytest.mark.parametrize("t", [65, 1024])
+def test_chunk_split_matches_unsplit(device, chunks, bufs, rng, t, vs):
+    """vsplit 2/4 against vsplit 1 on the same inputs (27B heads): every output column and state
+    column of every head is written, and close (only the solve's summation order differs)."""
+    hk, hv, eps = 16, 48, 1e-6
+    qkv, z, ab, a_log, dt_bias, w = _chunk_inputs(rng, t, hk, hv)
+    state = _poisoned_states(rng, (hv, D, D))
+    got = {}
+    for n in (1, vs):
+        dstate, dout = _run_chunk(chunks[n], bufs, qkv, z, ab, a_log, dt_bias, w, state, t, hk, hv, eps)
+        device.synchronize()
+        got[n] = (Bufs.read(dout, bf16, (t, hv * D))[0].copy(),
+                  Bufs.read(dstate, np.float32, (N_SLOTS, hv, D, D))[0][SLOT].copy())
+    o1, s1 = _f32(got[1][0]).reshape(t, hv, D), got[1][1]
+    o2, s2 = _f32(got[vs][0]).reshape(t, hv, D), got[vs][1]
+    assert np.all(np.isfinite(o2)) and np.all(np.isfinite(s2)), "the split kernel left non-finite values"
+    rel, line = _report(f"gdn_chunk vsplit {vs} vs 1 T={t}: out", o2, o1)
+    srel, sline = _report(f"gdn_chunk vsplit {vs} vs 1 T={t}: state", s2, s1)
+    dvs = D // vs
+    for part in range(vs):  # each CTA's columns, over all heads
+        cols = slice(part * dvs, (part + 1) * dvs)
+        prel = float(np.linalg.norm(o2[..., cols] - o1[..., cols]) / np.linalg.norm(o1[..., cols]))
+        psrel = float(np.linalg.norm(s2[..., cols] - s1[..., cols]) / np.linalg.norm(s1[..., cols]))
+        assert prel <= SPLIT_TOL and psrel <= SPLIT_TOL, (
+            f"vsplit {vs} part {part}: out rel {prel:.2e}, state rel {psrel:.2e}")
+    assert rel <= SPLIT_TOL, line
+    assert srel <= SPLIT_TOL, sline
 
 
 # --- prefill, then decode steps: the whole GDN mixer path against the reference ---------------------
@@ -282,11 +328,12 @@ def test_prefill_then_decode_matches_reference(device, kernels, bufs, rng, hk, h
 
 
 @pytest.mark.parametrize("hk,hv", MODELS)
-def test_prefill_time(device, kernels, bufs, rng, hk, hv):
-    """Time of one GDN layer's prefill kernels over 1024 tokens (printed; checked only loosely)."""
+def test_prefill_time(device, kernels, chunks, bufs, rng, hk, hv):
+    """Time of one GDN layer's prefill kernels over 1024 tokens, gdn_chunk at every vsplit (printed;
+    checked only loosely)."""
     from inferno.cuda.stream import Event, Stream
 
-    conv_p, chunk = kernels[0], kernels[1]
+    conv_p = kernels[0]
     t, eps, reps = 1024, 1e-6, 10
     c, zw = 2 * hk * D + hv * D, hv * D
     qkv, z, ab, a_log, dt_bias, w = _chunk_inputs(rng, t, hk, hv)
@@ -300,9 +347,12 @@ def test_prefill_time(device, kernels, bufs, rng, hk, hv):
             bufs.up(np.zeros((N_SLOTS, hv, D, D), np.float32), "state"), bufs.poisoned(t * zw * 2, "out")]
     stream = Stream.create()
     times = {}
-    for name, fn in (("gdn_conv_prefill", lambda: conv_p(dx, dcst, dcw, dqkv, t, c, N_SLOTS, SLOT, stream=stream)),
-                     ("gdn_chunk", lambda: chunk(dqkv, args[0], args[1], d_b, *rest, t, hk, hv, N_SLOTS, SLOT,
-                                                 eps, a_stride=2 * hv, b_stride=2 * hv, stream=stream))):
+    cases = [("gdn_conv_prefill", lambda: conv_p(dx, dcst, dcw, dqkv, t, c, N_SLOTS, SLOT, stream=stream))]
+    for n, ch in chunks.items():
+        cases.append((f"gdn_chunk vsplit {n}", lambda ch=ch: ch(dqkv, args[0], args[1], d_b, *rest, t, hk, hv, N_SLOTS,
+                                                             SLOT, eps, a_stride=2 * hv, b_stride=2 * hv,
+                                                             stream=stream)))
+    for name, fn in cases:
         fn()
         start, end = Event.create(), Event.create()
         start.record(stream)
@@ -313,9 +363,13 @@ def test_prefill_time(device, kernels, bufs, rng, hk, hv):
         times[name] = Event.elapsed_ms(start, end) * 1e3 / reps
     stream.close()
     flops = hv * (t // 64) * 2 * 64 * (128 * 128 * 2 + 64 * 128 * 2 + 128 * 64 + 128 * 128)
-    print(f"GDN prefill hk{hk} hv{hv} T={t}: conv {times['gdn_conv_prefill']:.1f} us, chunk "
-          f"{times['gdn_chunk']:.1f} us ({flops / times['gdn_chunk'] / 1e6:.1f} TFLOP/s on the mma products); "
-          f"x48 layers = {48 * (times['gdn_conv_prefill'] + times['gdn_chunk']) / 1e3:.2f} ms per 1024-token chunk")
+    for n in chunks:
+        us = times[f"gdn_chunk vsplit {n}"]
+        print(f"GDN prefill hk{hk} hv{hv} T={t}: conv {times['gdn_conv_prefill']:.1f} us, chunk vsplit {n} "
+              f"{us:.1f} us ({flops / us / 1e6:.1f} TFLOP/s on the mma products, "
+              f"{times['gdn_chunk vsplit 1'] / us:.2f}x vsplit 1); "
+              f"x48 layers = {48 * (times['gdn_conv_prefill'] + us) / 1e3:.2f} ms per 1024-token chunk")
     out, _ = Bufs.read(rest[-1], bf16, (t, zw))
     assert np.all(np.isfinite(_f32(out))), "the timed runs wrote non-finite outputs"
-    assert times["gdn_chunk"] < 5e4, "gdn_chunk took over 50 ms for 1024 tokens"
+    slowest = max(v for k, v in times.items() if k.startswith("gdn_chunk"))
+    assert slowest < 5e4, "gdn_chunk took over 50 ms for 1024 tokens"
