@@ -62,6 +62,8 @@ class AttnQkPrep:
                mKNorm: cute.Tensor, mPos: cute.Tensor, mLens: cute.Tensor, mPT: cute.Tensor,
                mKV: cute.Tensor, mQOut: cute.Tensor, eps: cutlass.Float32, theta: cutlass.Float32):
         tidx, _, _ = cute.arch.thread_idx()
+        cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
+        cute.arch.griddepcontrol_launch_dependents()
         bidx, seq, _ = cute.arch.block_idx()
         warp = tidx // 32
         lane = tidx % 32

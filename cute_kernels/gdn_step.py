@@ -15,20 +15,34 @@ output: q | k | v), z and out [B, Hv*dv] bf16, a and b [B, Hv] bf16 (any row str
 dt_bias [Hv] fp32, norm_w [dv] bf16, state [slots * Hv, dk, dv] fp32 (slot-major, compact),
 slots [B] int32. Hk is read from the qkv width.
 
-One CTA per (head, sequence): grid = (Hv, B). `warps` warps split the dk rows; lane l owns
-columns 4l..4l+3 of each of its rows (dv = 128), so a warp reads each state row as 512
+GdnStep: one CTA per (head, sequence): grid = (Hv, B). `warps` warps split the dk rows; lane l
+owns columns 4l..4l+3 of each of its rows (dv = 128), so a warp reads each state row as 512
 contiguous bytes and the CTA keeps the whole 64 KiB head state in registers between the read
 and the write.
+
+GdnConvStep: the causal conv (+ SiLU, window shift; see gdn_conv.py) of the head's q/k/v channels
+fused in front, reading the raw conv input x [B, C] instead of qkv, and dv split over a cluster
+of `splits` CTAs per head (grid = (splits, Hv, B)); details in its docstring and
+docs/kernels-gdn.md.
 """
 
 import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 COLS = 4  # fp32 state columns per lane (one 16-byte access); 32 lanes x 4 = dv
 L2_EPS = 1e-6
 LOG2E = 1.4426950408889634
+
+
+def _bfly_sum(x, offsets):
+    """Sum of x over the lanes reached by butterfly shuffles at `offsets` (unrolled at trace time)."""
+    for off in offsets:
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=off)
+    return x
 
 
 def _warp_sum(x):
@@ -175,3 +189,269 @@ class GdnStep:
             rY = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
             rY.store((o * scale * rW.load().to(cutlass.Float32) * gate).to(cutlass.BFloat16))
             cute.autovec_copy(rY, cute.zipped_divide(mOut[seq, None], (COLS,))[None, head * (dv // COLS) + lane])
+
+
+# --- conv + step fused, dv split over a cluster ---------------------------------------------------
+
+VEC = 8  # bf16 conv channels per 16-byte access
+
+
+@dsl_user_op
+def _st_cluster_f32(addr, rank, val, *, loc=None, ip=None):
+    """st.shared::cluster of one fp32 at local smem address `addr` mapped into CTA `rank` of the cluster."""
+    operands = [cutlass.Int32(addr).ir_value(loc=loc, ip=ip), cutlass.Int32(rank).ir_value(loc=loc, ip=ip),
+                cutlass.Float32(val).ir_value(loc=loc, ip=ip)]
+    asm = "{\n\t.reg .b32 ra;\n\tmapa.shared::cluster.u32 ra, $0, $1;\n\tst.shared::cluster.f32 [ra], $2;\n\t}"
+    llvm.inline_asm(None, operands, asm, "r,r,f", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def _atom_inc_release(addr, last, *, loc=None, ip=None):
+    """atom.release.gpu.global.inc.u32: old = *addr; *addr = 0 if old >= last else old + 1; returns old.
+    A counter of `last + 1` arrivals that resets itself. (ptxas turns a uniform atomic add into a warp-
+    aggregated one that waits for its result at once; inc is left alone, so the wait is at first use.)"""
+    return cutlass.Int32(llvm.inline_asm(
+        T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), cutlass.Int32(last).ir_value(loc=loc, ip=ip)],
+        "atom.release.gpu.global.inc.u32 $0, [$1], $2;", "=r,l,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+class GdnConvStep:
+    """Causal conv1d + SiLU of the head's q/k/v channels, conv-window shift, then the GdnStep math.
+
+    Grid (splits, Hv, B): CTA (c, j, b) owns columns [c*dv/splits, (c+1)*dv/splits) of value head j's
+    state for sequence b; the `splits` CTAs of a head form one cluster and exchange their partial
+    sums of o^2 (the gated RMSNorm over dv) through distributed shared memory. Every CTA convolves
+    its key head's 256 q/k channels (warp 0) and its own v columns (warp 1). The v conv window is
+    written by its only reader; the q/k window of key head kh is read by Hv/Hk * splits CTAs, so
+    each counts itself on sync[b*Hk + kh] after reading (atom.inc, which wraps back to 0 on the last
+    arrival), and the last to arrive writes the new window (no CTA waits on another).
+    """
+
+    def __init__(self, splits: int = 4, threads: int = 128, head_k: int = 128, head_v: int = 128, width: int = 4):
+        if head_k != 128 or head_v != 128:
+            raise ValueError("head_k and head_v must be 128")
+        cols = head_v // splits
+        if splits not in (1, 2, 4, 8):
+            raise ValueError("splits must be 1, 2, 4 or 8 (a portable cluster)")
+        lanes_per_row = cols // COLS
+        if threads % 32 or not 128 <= threads <= 1024 or head_k % (threads // lanes_per_row):
+            raise ValueError("threads must be 4..32 warps and split the rows evenly")
+        if width != 4:
+            raise ValueError("conv width must be 4")
+        self.splits, self.threads, self.dk, self.dv, self.width = splits, threads, head_k, head_v, width
+        self.cols = cols
+        self.lr = lanes_per_row  # lanes (threads) per state row of this CTA's columns
+        self.rpi = threads // lanes_per_row  # rows covered by one pass of the CTA
+        self.iters = head_k // self.rpi  # rows per thread
+        self.warps = threads // 32
+        self.row_offsets = tuple(o for o in (1, 2, 4, 8, 16) if o >= lanes_per_row)  # lanes of one column group
+        self.col_offsets = tuple(o for o in (1, 2, 4, 8, 16) if o < lanes_per_row)  # column groups of one row
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mConvState: cute.Tensor, mConvW: cute.Tensor, mZ: cute.Tensor,
+                 mA: cute.Tensor, mB: cute.Tensor, mALog: cute.Tensor, mDtBias: cute.Tensor, mNormW: cute.Tensor,
+                 mState: cute.Tensor, mSlots: cute.Tensor, mSync: cute.Tensor, mOut: cute.Tensor,
+                 eps: cutlass.Float32, stream: cuda.CUstream):
+        hv = cute.size(mALog, mode=[0])
+        b = cute.size(mSlots, mode=[0])
+        self.kernel(mX, mConvState, mConvW, mZ, mA, mB, mALog, mDtBias, mNormW, mState, mSlots, mSync, mOut,
+                    eps).launch(grid=(self.splits, hv, b), block=(self.threads, 1, 1), cluster=(self.splits, 1, 1),
+                                stream=stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mConvState: cute.Tensor, mConvW: cute.Tensor, mZ: cute.Tensor,
+               mA: cute.Tensor, mB: cute.Tensor, mALog: cute.Tensor, mDtBias: cute.Tensor, mNormW: cute.Tensor,
+               mState: cute.Tensor, mSlots: cute.Tensor, mSync: cute.Tensor, mOut: cute.Tensor,
+               eps: cutlass.Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        split, head, seq = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        dk, dv, cols, lr, rpi, iters, taps = self.dk, self.dv, self.cols, self.lr, self.rpi, self.iters, self.width - 1
+        if cutlass.const_expr(self.splits > 1):
+            cute.arch.cluster_arrive_relaxed()  # paired with the wait before the first DSMEM store
+        hv = cute.size(mALog, mode=[0])
+        hk = (cute.size(mX, mode=[1]) - hv * dv) // (2 * dk)
+        kh = head // (hv // hk)
+        slot = mSlots[seq]
+        cg = tidx % lr  # this thread's 4-column group within the CTA's columns
+        row0 = tidx // lr
+        col_chunk = split * lr + cg  # 4-column chunk index within dv
+
+        # 1. All state loads first (one 16-byte load per row), then every other input.
+        gS = mState[slot * hv + head, None, None]
+        rS = cute.make_rmem_tensor((COLS, iters), cutlass.Float32)
+        for i in cutlass.range_constexpr(iters):
+            cute.autovec_copy(cute.zipped_divide(gS[row0 + i * rpi, None], (COLS,))[None, col_chunk], rS[None, i])
+        # PDL: the slot and this layer's state were written before the previous kernel started; the
+        # inputs below come from it, so wait for it here.
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+
+        smem = cutlass.memory.SmemAllocator()
+        sQK = smem.allocate_tensor(cutlass.Float32, cute.make_layout((2 * dk,)), byte_alignment=16)
+        sV = smem.allocate_tensor(cutlass.Float32, cute.make_layout((cols,)), byte_alignment=16)
+        sRedK = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.warps, cols), stride=(cols, 1)),
+                                     byte_alignment=16)
+        sRedQ = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.warps, cols), stride=(cols, 1)),
+                                     byte_alignment=16)
+        sScal = smem.allocate_tensor(cutlass.Float32, cute.make_layout((4,)), byte_alignment=16)
+        sSsq = smem.allocate_tensor(cutlass.Float32, cute.make_layout((8,)), byte_alignment=16)
+
+        # Output-column owners (row group 0) prefetch z and the norm weight.
+        rZ = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
+        rW = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
+        if tidx < lr:
+            cute.autovec_copy(cute.zipped_divide(mZ[seq, None], (COLS,))[None, head * (dv // COLS) + col_chunk], rZ)
+            cute.autovec_copy(cute.zipped_divide(mNormW, (COLS,))[None, col_chunk], rW)
+
+        # 2. Warp 0: conv + SiLU of the key head's q (lanes 0-15) and k (lanes 16-31) channels, 8 per lane,
+        #    l2norm, q.k; then it counts itself as a reader of the q/k conv window (released, result used later).
+        half = dk // VEC  # 16 lanes per 128 channels
+        qk_chunk = kh * half + lane
+        if lane >= half:
+            qk_chunk = (hk + kh) * half + lane - half
+        sync_idx = seq * hk + kh
+        readers = (hv // hk) * self.splits  # CTAs that read this key head's q/k window
+        rXqk = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
+        rTqk = cute.make_rmem_tensor((VEC, taps), cutlass.BFloat16)
+        arrived = cutlass.Int32(0)
+        if warp == 0:
+            cute.autovec_copy(cute.zipped_divide(mX[seq, None], (VEC,))[None, qk_chunk], rXqk)
+            for t in cutlass.range_constexpr(taps):
+                cute.autovec_copy(cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk], rTqk[None, t])
+            rCW = cute.make_rmem_tensor((VEC, taps + 1), cutlass.BFloat16)
+            for t in cutlass.range_constexpr(taps + 1):
+                cute.autovec_copy(cute.zipped_divide(mConvW[t, None], (VEC,))[None, qk_chunk], rCW[None, t])
+            acc = rXqk.load().to(cutlass.Float32) * rCW[None, taps].load().to(cutlass.Float32)
+            for t in cutlass.range_constexpr(taps):
+                acc = acc + rTqk[None, t].load().to(cutlass.Float32) * rCW[None, t].load().to(cutlass.Float32)
+            acc = acc / (cute.math.exp2(acc * -LOG2E, fastmath=True) + 1.0)  # silu
+            rC = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+            rC.store(acc)
+            ss = (acc * acc).reduce(cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0)
+            dot = cutlass.Float32(0.0)
+            for e in cutlass.range_constexpr(VEC):
+                dot = dot + rC[e] * cute.arch.shuffle_sync_bfly(rC[e], offset=half)
+            ss = _bfly_sum(ss, (1, 2, 4, 8))  # within each 16-lane half
+            dot = _bfly_sum(dot, (1, 2, 4, 8))
+            ss_other = cute.arch.shuffle_sync_bfly(ss, offset=half)
+            scale = cute.math.rsqrt(ss + L2_EPS, fastmath=False)
+            if lane < half:
+                scale = scale * (dk ** -0.5)
+            rN = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+            rN.store(acc * scale)
+            cute.autovec_copy(rN, cute.zipped_divide(sQK, (VEC,))[None, lane])
+            if lane == 0:
+                sScal[2] = dot * scale * cute.math.rsqrt(ss_other + L2_EPS, fastmath=False)
+            cute.arch.sync_warp()  # every lane's window reads come before the (release) counter bump
+            if lane == 0:
+                arrived = _atom_inc_release((mSync.iterator + sync_idx).toint(), readers - 1)
+
+        # 3. Warp 1: conv + SiLU of this CTA's v columns, and their window shift (this CTA is their only reader).
+        if warp == 1:
+            if lane < cols // VEC:
+                chunk = (2 * hk * dk + head * dv + split * cols) // VEC + lane
+                rX = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
+                cute.autovec_copy(cute.zipped_divide(mX[seq, None], (VEC,))[None, chunk], rX)
+                rT = cute.make_rmem_tensor((VEC, taps), cutlass.BFloat16)
+                for t in cutlass.range_constexpr(taps):
+                    cute.autovec_copy(cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, chunk], rT[None, t])
+                rCW = cute.make_rmem_tensor((VEC, taps + 1), cutlass.BFloat16)
+                for t in cutlass.range_constexpr(taps + 1):
+                    cute.autovec_copy(cute.zipped_divide(mConvW[t, None], (VEC,))[None, chunk], rCW[None, t])
+                acc = rX.load().to(cutlass.Float32) * rCW[None, taps].load().to(cutlass.Float32)
+                for t in cutlass.range_constexpr(taps):
+                    acc = acc + rT[None, t].load().to(cutlass.Float32) * rCW[None, t].load().to(cutlass.Float32)
+                rC = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+                rC.store(acc / (cute.math.exp2(acc * -LOG2E, fastmath=True) + 1.0))
+                cute.autovec_copy(rC, cute.zipped_divide(sV, (VEC,))[None, lane])
+                for t in cutlass.range_constexpr(taps - 1):
+                    cute.autovec_copy(rT[None, t + 1],
+                                      cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, chunk])
+                cute.autovec_copy(rX, cute.zipped_divide(mConvState[slot, taps - 1, None], (VEC,))[None, chunk])
+
+        # 4. One thread of warp 2: the decay e^g and beta.
+        if tidx == 64:
+            x = mA[seq, head].to(cutlass.Float32) + mDtBias[head]
+            softplus = cute.math.max(x, cutlass.Float32(0.0)) + cute.math.log1p(
+                cute.math.exp(-cute.math.abs(x), fastmath=False), fastmath=False)
+            g = -cute.math.exp(mALog[head], fastmath=False) * softplus
+            sScal[0] = cute.math.exp(g, fastmath=False)
+            sScal[1] = 1.0 / (1.0 + cute.math.exp(-mB[seq, head].to(cutlass.Float32), fastmath=False))
+        cute.arch.sync_threads()
+
+        # 5. k^T S and q^T S for this thread's 4 columns: its rows, then the lanes of the same columns
+        #    (butterfly over lane offsets lr .. 16), then the warps (smem).
+        acc_k = rS[None, 0].load() * sQK[dk + row0]
+        acc_q = rS[None, 0].load() * sQK[row0]
+        for i in cutlass.range_constexpr(1, iters):
+            s_row = rS[None, i].load()
+            acc_k = acc_k + s_row * sQK[dk + row0 + i * rpi]
+            acc_q = acc_q + s_row * sQK[row0 + i * rpi]
+        rAcc = cute.make_rmem_tensor((COLS,), cutlass.Float32)
+        rAcq = cute.make_rmem_tensor((COLS,), cutlass.Float32)
+        rAcc.store(acc_k)
+        rAcq.store(acc_q)
+        for e in cutlass.range_constexpr(COLS):
+            rAcc[e] = _bfly_sum(rAcc[e], self.row_offsets)
+            rAcq[e] = _bfly_sum(rAcq[e], self.row_offsets)
+        if lane < lr:
+            cute.autovec_copy(rAcc, cute.zipped_divide(sRedK[warp, None], (COLS,))[None, cg])
+            cute.autovec_copy(rAcq, cute.zipped_divide(sRedQ[warp, None], (COLS,))[None, cg])
+        cute.arch.sync_threads()
+        rRed = cute.make_rmem_tensor((COLS,), cutlass.Float32)
+        cute.autovec_copy(cute.zipped_divide(sRedK[0, None], (COLS,))[None, cg], rRed)
+        k_s = rRed.load()
+        cute.autovec_copy(cute.zipped_divide(sRedQ[0, None], (COLS,))[None, cg], rRed)
+        q_s = rRed.load()
+        for w in cutlass.range_constexpr(1, self.warps):
+            cute.autovec_copy(cute.zipped_divide(sRedK[w, None], (COLS,))[None, cg], rRed)
+            k_s = k_s + rRed.load()
+            cute.autovec_copy(cute.zipped_divide(sRedQ[w, None], (COLS,))[None, cg], rRed)
+            q_s = q_s + rRed.load()
+
+        # 6. u and o = q^T S' for these columns; the sum of o^2 over dv (across the cluster: each CTA stores
+        #    its partial into every CTA's smem, then one cluster barrier) before the state stores, so the
+        #    barrier's release does not wait for them.
+        decay = sScal[0]
+        beta = sScal[1]
+        cute.autovec_copy(cute.zipped_divide(sV, (COLS,))[None, cg], rRed)
+        u = (rRed.load() - k_s * decay) * beta
+        o = q_s * decay + u * sScal[2]
+        ss = (o * o).reduce(cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0)
+        ss = _bfly_sum(ss, self.col_offsets)
+        if cutlass.const_expr(self.splits > 1):
+            cute.arch.cluster_wait()  # every CTA of the cluster has started: its smem may be written
+            if tidx < self.splits:
+                _st_cluster_f32((sSsq.iterator + split).toint(), tidx, ss)
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            ss = sSsq[0]
+            for r in cutlass.range_constexpr(1, self.splits):
+                ss = ss + sSsq[r]
+
+        # The last reader of the key head's q/k conv window (counted in step 2) writes the shifted window;
+        # the acquire fence orders those writes after every other reader's (release) count.
+        if warp == 0:
+            arrived = cute.arch.shuffle_sync(arrived, 0)
+            if arrived == readers - 1:  # the counter is back at 0
+                cute.arch.fence_acq_rel_gpu()
+                for t in cutlass.range_constexpr(taps - 1):
+                    cute.autovec_copy(rTqk[None, t + 1],
+                                      cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk])
+                cute.autovec_copy(rXqk, cute.zipped_divide(mConvState[slot, taps - 1, None], (VEC,))[None, qk_chunk])
+
+        # 7. Delta rule on this thread's entries, written back once; then the gated RMSNorm output.
+        for i in cutlass.range_constexpr(iters):
+            rS[None, i].store(rS[None, i].load() * decay + u * sQK[dk + row0 + i * rpi])
+            cute.autovec_copy(rS[None, i], cute.zipped_divide(gS[row0 + i * rpi, None], (COLS,))[None, col_chunk])
+        if tidx < lr:
+            scale = cute.math.rsqrt(ss / dv + eps, fastmath=False)
+            z = rZ.load().to(cutlass.Float32)
+            gate = z / (cute.math.exp2(z * -LOG2E, fastmath=True) + 1.0)
+            rY = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
+            rY.store((o * scale * rW.load().to(cutlass.Float32) * gate).to(cutlass.BFloat16))
+            cute.autovec_copy(rY, cute.zipped_divide(mOut[seq, None], (COLS,))[None, head * (dv // COLS) + col_chunk])

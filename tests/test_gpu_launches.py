@@ -131,7 +131,7 @@ def test_every_decode_launch_passes_the_launchers(dry):
         launches.clear()
         ex.step(5, s)
         names = [n for n, _ in launches]
-        per_gdn = ["rmsnorm", "gemv_bf16", "gemv", "gemv", "gdn_conv", "gdn_step", "gemv", "rmsnorm", "gemv", "gemv"]
+        per_gdn = ["rmsnorm", "gemv_bf16", "gemv", "gemv", "gdn_conv_step", "gemv", "rmsnorm", "gemv", "gemv"]
         per_attn = ["rmsnorm", "gemv", "gemv", "attn_qk_prep", "attn_decode", "attn_combine", "gemv", "rmsnorm",
                     "gemv", "gemv"]
         want = ["embedding"]

@@ -65,7 +65,7 @@ def test_step_profile_lists_every_launch(ex):
         by_name = {t.kernel: t for t in times}
         n_gdn, n_attn = len(c.gdn_layers), len(c.attention_layers)
         assert by_name["gemv_bf16_t1 gdn/a_b_projection"].launches == n_gdn
-        assert by_name["gdn_step"].launches == n_gdn
+        assert by_name["gdn_conv_step"].launches == n_gdn
         assert by_name["attn_decode+combine"].launches == 2 * n_attn
         assert by_name["rmsnorm input_norm"].launches == c.n_layers
         assert by_name["copy2d qg"].launches == 2 * n_attn
@@ -154,7 +154,7 @@ def test_bench_kernel_table(ex):
     step = out["decode_step"]
     assert step["context"] == 21 and step["device_s"] > 0
     rows = {r["kernel"]: r for r in step["kernels"]}
-    assert rows["gdn_step"]["limit"] in ("copy", "gemm") and rows["gdn_step"]["ratio"] > 0
+    assert rows["gdn_conv_step"]["limit"] in ("copy", "gemm") and rows["gdn_conv_step"]["ratio"] > 0
     assert out["prefill_chunk"]["tokens"] == 8 and out["prefill_chunk"]["kernels"]
 
 

@@ -62,14 +62,20 @@ def test_manifest_complete_and_consistent(built, name, arch):
 def test_block_sizes_and_smem(built):
     for arch in ARCHS:
         assert _manifest(built, "attn_qk_prep", arch).block == [128, 1, 1]
-        assert _manifest(built, "attn_combine", arch).block == [64, 1, 1]
+        assert _manifest(built, "attn_combine", arch).block == [512, 1, 1]
+        assert _manifest(built, "attn_combine_serial", arch).block == [64, 1, 1]
         for v in av.DECODE_VARIANTS:
             m = _manifest(built, v.name, arch)
             g, t = v.config["group"], v.config["block"]
             assert m.block == [256, 1, 1]
-            # q, scores, probabilities (G x 256 / T / T fp32), the 8-warp reduction buffer, m/l/alpha
-            need = 4 * (g * 256 + 2 * g * t + 8 * 256 + 3 * g)
+            # q, scores, probabilities (G x 256 / T / T fp32), m/l/alpha, and either the 8-warp
+            # reduction buffer (registers kernel) or two K + two V stages of T bf16 rows that the
+            # reduction buffer overlays (pipelined kernel)
+            stages = 8 * 256 * 4 if v.cls == "AttnDecode" else 2 * 2 * t * 512
+            need = 4 * (g * 256 + 2 * g * t + 3 * g) + stages
             assert need <= m.smem <= need + 256  # plus alignment padding
+            if v.cls == "AttnDecodePipelined" and arch == "sm_90a":
+                assert v.config["ctas_per_sm"] * m.smem <= SMEM_LIMIT[arch] - 2048  # the CTAs fit side by side
 
 
 def test_param_abi(built):
@@ -174,7 +180,7 @@ def test_decode_and_combine_launchers_pack_manifest_layout(built, recorder):
     comb = av.AttnCombine(_loaded(built, "attn_combine"))
     comb(d["po"], d["pl"], d["lens"], d["qg"], d["out"], batch=B, n_heads=HQ, splits=S, out_stride=HQ * 256 + 8)
     _, grid, block, params, _ = recorder.calls[-1]
-    assert grid == (HQ, B, 1) and block == [64, 1, 1]
+    assert grid == (HQ, B, 1) and block == [512, 1, 1]
     assert params.raw("out") == _tensor(0x18000000, (B, HQ * 256), (HQ * 256 + 8,))
     assert params.raw("qg") == _tensor(0x10000000, (B, HQ * 512), (HQ * 512,))
 
@@ -212,7 +218,8 @@ def test_decode_variant_choice():
 
 
 def test_default_splits():
-    assert av.default_splits(8192, 1, 4) == 66  # 2 x 132 SMs / 4 kv heads
+    assert av.CTAS_PER_SM == 2
+    assert av.default_splits(8192, 1, 4) == 66  # 2 x 132 SMs / 4 kv heads: one full wave
     assert av.default_splits(100, 1, 4) == 2  # never more splits than pages
     assert av.default_splits(8192, 8, 4) == 9
     assert av.default_splits(8192, 1, 2, sm_count=170) == 128  # RTX 5090: capped by the 128 pages

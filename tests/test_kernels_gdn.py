@@ -1,5 +1,6 @@
-"""CPU: the GDN decode kernels build for sm_90a and sm_120a; manifests, launcher packing and checks;
-the fused step's algebra (one pass over S) against the numpy reference."""
+"""CPU: the GDN decode kernels (gdn_conv, gdn_step, the fused gdn_conv_step family) build for sm_90a
+and sm_120a; manifests, launcher packing (grid, cluster) and checks; the fused step's algebra (one
+pass over S) against the numpy reference."""
 
 import hashlib
 import struct
@@ -10,7 +11,7 @@ import pytest
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import ParamLayout, ParamSpec
-from inferno.kernels.gdn_variants import GDN_LAUNCHERS, GDN_VARIANTS, GdnConv, GdnStep
+from inferno.kernels.gdn_variants import GDN_LAUNCHERS, GDN_VARIANTS, GdnConv, GdnConvStep, GdnStep
 from inferno.kernels.manifest import Manifest, grid_symbols, source_hash
 from inferno.kernels.registry import ARCHS, Tensor
 from inferno.model.reference.gdn import causal_conv, recurrent_delta_rule
@@ -146,9 +147,11 @@ def test_step_block_and_smem(built):
 class _Recorder:
     def __init__(self):
         self.calls = []
+        self.clusters = []
 
-    def __call__(self, kernel, grid, block, params, smem, stream):
+    def __call__(self, kernel, grid, block, params, smem, stream, cluster=None):
         self.calls.append((grid, tuple(block), params, smem))
+        self.clusters.append(cluster)
 
 
 @pytest.fixture
@@ -217,6 +220,53 @@ def test_step_launcher_packs_and_grids(built, rec, arch, hk, hv):
     assert params.raw("slots") == struct.pack("<Qii", p["slots"], b, 0)
     assert params.raw("out") == struct.pack("<Qiiq", p["out"], b, zw, zw)
     assert struct.unpack("<f", params.raw("eps"))[0] == pytest.approx(1e-6)
+
+
+FUSED = [v.name for v in GDN_VARIANTS if v.op == "gdn_conv_step"]
+
+
+@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("hk,hv", [(16, 48), (16, 32)])
+def test_conv_step_launcher_packs_grids_and_clusters(built, rec, name, hk, hv):
+    k = GdnConvStep(_fake_loaded(built, name, "sm_90a"))
+    splits, threads = k.config["splits"], k.config["threads"]
+    b, ns, d = 3, 5, 128
+    c, zw = 2 * hk * d + hv * d, hv * d
+    row = c + zw + 2 * hv  # one fused projection row: x | z | a | b
+    mix = _dev(b * row * 2, 1 << 20)
+    bufs = dict(x=mix, conv_state=_dev(ns * 3 * c * 2, 1 << 24), conv_w=_dev(4 * c * 2, 1 << 25),
+                z=DeviceBuffer(mix.ptr + c * 2, mix.nbytes - c * 2, "z"),
+                a=DeviceBuffer(mix.ptr + (c + zw) * 2, mix.nbytes - (c + zw) * 2, "a"),
+                b=DeviceBuffer(mix.ptr + (c + zw + hv) * 2, mix.nbytes - (c + zw + hv) * 2, "b"),
+                a_log=_dev(hv * 4, 1 << 26), dt_bias=_dev(hv * 4, (1 << 26) + 4096), norm_w=_dev(d * 2, 1 << 27),
+                state=_dev(ns * hv * d * d * 4, 1 << 32), slots=_dev(b * 4, 1 << 28), sync=_dev(b * hk * 4, 1 << 29),
+                out=_dev(b * zw * 2, 1 << 30))
+    k(*bufs.values(), b, hk, hv, ns, 1e-6, x_stride=row, z_stride=row, a_stride=row, b_stride=row)
+    grid, block, params, smem = rec.calls[-1]
+    assert grid == (splits, hv, b) and block == (threads, 1, 1) and smem > 0
+    assert rec.clusters[-1] == ((splits, 1, 1) if splits > 1 else None)
+    p = {n: bufs[n].ptr for n in bufs}
+    assert params.raw("x") == struct.pack("<Qiiq", p["x"], b, c, row)
+    assert params.raw("conv_state") == struct.pack("<Qiiqq", p["conv_state"], ns, c, 3 * c, c)
+    assert params.raw("conv_w") == struct.pack("<Qiiq", p["conv_w"], c, 0, c)
+    assert params.raw("z") == struct.pack("<Qiiq", p["z"], b, zw, row)
+    assert params.raw("a") == struct.pack("<Qiiq", p["a"], b, hv, row)
+    assert params.raw("b") == struct.pack("<Qiiq", p["b"], b, hv, row)
+    assert params.raw("state") == struct.pack("<Qii", p["state"], ns * hv, 0)
+    assert params.raw("sync") == struct.pack("<Qii", p["sync"], b * hk, 0)
+    assert params.raw("out") == struct.pack("<Qiiq", p["out"], b, zw, zw)
+    assert struct.unpack("<f", params.raw("eps"))[0] == pytest.approx(1e-6)
+
+
+def test_conv_step_refuses_a_short_sync_buffer(built, rec):
+    k = GdnConvStep(_fake_loaded(built, "gdn_conv_step"))
+    big = _dev(64 << 20, 1 << 20)
+    args = [big] * 11 + [DeviceBuffer(1 << 20, 2 * 16 * 4 - 4, "sync"), big]
+    with pytest.raises(LaunchError, match="sync 'sync' has 124 bytes, the call needs 128"):
+        k(*args, 2, 16, 48, 2)
+    with pytest.raises(LaunchError, match="v_heads = 40 must be a multiple of k_heads = 16"):
+        k(*[big] * 13, 1, 16, 40, 1)
+    assert rec.calls == []
 
 
 def test_launchers_refuse_bad_arguments_before_the_driver(built, rec):

@@ -3,7 +3,8 @@
 Three kernels per attention layer and decode step (docs/kernels-attention.md):
   attn_qk_prep        q/k norm + RoPE, k and v written into the paged KV cache (kv_layout.py)
   attn_decode_g<G>    split-K attention partials; one CTA per (split, kv head, sequence), the G
-                      query heads of a kv head share its K/V reads (G = 6 for 27B, 8 for 35B-A3B)
+                      query heads of a kv head share its K/V reads (G = 6 for 27B, 8 for 35B-A3B),
+                      K/V double-buffered through shared memory with cp.async
   attn_combine        merges the splits, applies the sigmoid gate, writes bf16 [B, Hq*256]
 
 Shapes (d = 256): qg bf16 [B, Hq*2d] (per head [q | gate]), k and v bf16 [B, Hkv*d], q_norm and
@@ -48,39 +49,50 @@ PREP = Variant(
           Scalar("eps", "f32"), Scalar("rope_theta", "f32")),
     grid=("cdiv(Hq + KD // 256, 4)", "B", "1"),
     divisibility={"QG": 8, "KD": 256, "qg_stride": 8, "k_stride": 8, "v_stride": 8, "kv_stride": 8, "q_sb": 4},
-    summary="q/k zero-centred RMSNorm + NeoX RoPE (64 dims) per head; k, v appended to the paged KV cache",
+    pdl=True, summary="q/k zero-centred RMSNorm + NeoX RoPE (64 dims) per head; k, v appended to the paged KV cache",
 )
 
 
-def _decode(group: int, block: int, ctas_per_sm: int, suffix: str = "") -> Variant:
+def _decode(group: int, block: int, ctas_per_sm: int, cls: str = "AttnDecodePipelined", suffix: str = "") -> Variant:
+    how = "K/V double-buffered through smem (cp.async)" if cls == "AttnDecodePipelined" else "K/V through registers"
     return Variant(
-        name=f"attn_decode_g{group}{suffix}", op="attn_decode", source="cute_kernels.attn_decode", cls="AttnDecode",
+        name=f"attn_decode_g{group}{suffix}", op="attn_decode", source="cute_kernels.attn_decode", cls=cls,
         config=dict(group=group, block=block, ctas_per_sm=ctas_per_sm),
         args=(_Q, _LENS, _PT, _KV, _PO, _PL, Scalar("scale", "f32")),
         grid=("S", f"Hq // {group}", "B"),
         divisibility={"Hq": group, "kv_stride": 8, "q_sb": 4, "po_sb": 4, "po_sh": 4},
+        pdl=True,
         summary=f"split-K paged decode attention partials, {group} query heads per kv head, d = 256, "
-                f"{block}-token blocks, {ctas_per_sm} CTA(s) per SM",
+                f"{block}-token blocks, {ctas_per_sm} CTA(s) per SM, {how}",
     )
 
 
-COMBINE = Variant(
-    name="attn_combine", op="attn_combine", source="cute_kernels.attn_decode", cls="AttnCombine",
-    config=dict(threads=64),
-    args=(_PO, _PL, _LENS, _QG, Tensor("out", "bf16", ("B", "OD"), ("out_stride", 1))),
-    grid=("Hq", "B", "1"),
-    divisibility={"QG": 8, "OD": 8, "qg_stride": 8, "out_stride": 8, "po_sb": 4, "po_sh": 4},
-    summary="merge split-K partials (log-sum-exp), o *= sigmoid(gate), bf16 out",
-)
+def _combine(groups: int, unroll: int, suffix: str = "") -> Variant:
+    return Variant(
+        name=f"attn_combine{suffix}", op="attn_combine", source="cute_kernels.attn_decode", cls="AttnCombine",
+        config=dict(groups=groups, unroll=unroll),
+        args=(_PO, _PL, _LENS, _QG, Tensor("out", "bf16", ("B", "OD"), ("out_stride", 1))),
+        grid=("Hq", "B", "1"),
+        divisibility={"QG": 8, "OD": 8, "qg_stride": 8, "out_stride": 8, "po_sb": 4, "po_sh": 4},
+        pdl=True,
+        summary=f"merge split-K partials (log-sum-exp, {groups} split group(s) of 64 threads), "
+                f"o *= sigmoid(gate), bf16 out",
+    )
 
-# Defaults (`attn_decode_g<G>`) chosen from the sm_90a register counts, without a GPU to measure:
-# G = 6 with 32-token blocks fits 128 registers, so two CTAs share an SM (a few scalar spills);
-# G = 8 does not (its accumulators would spill every block), so it runs one CTA per SM and loads
-# 64-token blocks to keep more bytes in flight. The `_alt` variants are the other choice, kept for
-# the GPU benchmark (tests/gpu/test_kernels_attn.py::test_decode_bandwidth_report) to settle.
+
+CTAS_PER_SM = 2  # decode CTAs resident per SM (~73 KiB of smem and <= 128 registers each on sm_90a)
+
+# Defaults (`attn_decode_g<G>`, `attn_combine`): the pipelined kernel, 32-token blocks double-buffered
+# (2 x 32 KiB of K/V stages), two CTAs per SM; the combine merges the splits with 8 groups of 64
+# threads. The `_regs` decode variants and `attn_combine_serial` are the previous defaults (K/V loaded
+# straight into registers one block at a time; one 64-thread group walking the splits), kept as the
+# baseline of tools/bench_attn_decode.py and as a fallback.
 DECODE_VARIANTS: tuple[Variant, ...] = (
-    _decode(2, 32, 2), _decode(6, 32, 2), _decode(8, 64, 1), _decode(6, 64, 1, "_alt"), _decode(8, 32, 2, "_alt"))
-ATTN_VARIANTS: tuple[Variant, ...] = (PREP, *DECODE_VARIANTS, COMBINE)
+    _decode(2, 32, CTAS_PER_SM), _decode(6, 32, CTAS_PER_SM), _decode(8, 32, CTAS_PER_SM),
+    _decode(6, 32, 2, "AttnDecode", "_regs"), _decode(8, 64, 1, "AttnDecode", "_regs"))
+COMBINE = _combine(8, 4)
+COMBINE_VARIANTS: tuple[Variant, ...] = (COMBINE, _combine(1, 1, "_serial"))
+ATTN_VARIANTS: tuple[Variant, ...] = (PREP, *DECODE_VARIANTS, *COMBINE_VARIANTS)
 _BY_NAME = {v.name: v for v in ATTN_VARIANTS}
 
 
@@ -101,13 +113,13 @@ def decode_variant(n_heads: int, n_kv_heads: int) -> Variant:
 
 
 def default_splits(max_len: int, batch: int, n_kv_heads: int, sm_count: int = 132) -> int:
-    """Splits per (sequence, kv head): about two CTAs per SM over the batch (the G = 6 kernel runs two
-    per SM), at most one per page.
+    """Splits per (sequence, kv head): one full wave of the decode grid over the batch (CTAS_PER_SM
+    CTAs per SM), at most one per page.
 
     The split count can stay fixed while lengths grow (CUDA graphs): each sequence cuts its own
     pages into at most this many splits."""
     pages = max(-(-max_len // PAGE_TOKENS), 1)
-    return max(1, min(pages, -(-2 * sm_count // max(batch * n_kv_heads, 1))))
+    return max(1, min(pages, -(-CTAS_PER_SM * sm_count // max(batch * n_kv_heads, 1))))
 
 
 def partial_bytes(batch: int, n_heads: int, splits: int) -> tuple[int, int]:
@@ -239,11 +251,12 @@ class PagedAttention:
 
     `scratch` holds the fp32 q and the partials; size it with `scratch_bytes`."""
 
-    def __init__(self, n_heads: int, n_kv_heads: int, device: "Device | None" = None, decode: str | None = None):
+    def __init__(self, n_heads: int, n_kv_heads: int, device: "Device | None" = None, decode: str | None = None,
+                 combine: str | None = None):
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.prep = AttnQkPrep.load(PREP.name, device)
         self.decode = AttnDecode.load(decode or decode_variant(n_heads, n_kv_heads).name, device)
-        self.combine = AttnCombine.load(COMBINE.name, device)
+        self.combine = AttnCombine.load(combine or COMBINE.name, device)
 
     def scratch_bytes(self, batch: int, splits: int) -> int:
         po, pl = partial_bytes(batch, self.n_heads, splits)

@@ -47,11 +47,11 @@ def configs():
 def attention(device, configs):
     kernels = {}
 
-    def get(model: str, decode: str | None = None) -> av.PagedAttention:
-        if (model, decode) not in kernels:
+    def get(model: str, decode: str | None = None, combine: str | None = None) -> av.PagedAttention:
+        if (model, decode, combine) not in kernels:
             c = configs[model]
-            kernels[model, decode] = av.PagedAttention(c.n_heads, c.n_kv_heads, device, decode)
-        return kernels[model, decode]
+            kernels[model, decode, combine] = av.PagedAttention(c.n_heads, c.n_kv_heads, device, decode, combine)
+        return kernels[model, decode, combine]
 
     return get
 
@@ -171,11 +171,13 @@ def _check(cfg: ModelConfig, lens: list[int], r: dict) -> None:
 
 
 CASES = [
-    ([1], None), ([63], None), ([64], None), ([65], None), ([1000], None), ([8192], None),
+    ([1], None), ([63], None), ([64], None), ([65], None), ([1000], None), ([8192], None), ([65536], None),
     ([1000], 1),  # one split: the whole sequence in one CTA
     ([65], 40),  # more splits than pages: idle CTAs, combine reads only the used splits
+    ([7681], 3), ([7681], 5), ([8192], 132), ([65536], 7),  # uneven splits; 4 CTAs per SM
     ([1, 65, 1000], None), ([8192, 64, 130], 16), ([2, 3, 4, 5, 6, 7, 8, 9], 3),
     ([0, 70, 0], None),  # idle lanes (lens 0) around a live one
+    ([0, 8191, 0, 33, 0], 66),  # idle lanes in a batch with long and short live ones
 ]
 
 
@@ -186,14 +188,14 @@ def test_decode_step(attention, configs, rng, model, lens, splits):
     _check(cfg, lens, _step(attention(model), cfg, lens, splits, rng))
 
 
-ALT = {"27b": "attn_decode_g6_alt", "35b": "attn_decode_g8_alt"}
+REGS = {"27b": "attn_decode_g6_regs", "35b": "attn_decode_g8_regs"}  # the previous defaults
 
 
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("lens,splits", [([65], None), ([1000], 1), ([8192, 64, 130], 16)])
-def test_decode_step_alternative_variants(attention, configs, rng, model, lens, splits):
+@pytest.mark.parametrize("lens,splits", [([65], None), ([1000], 1), ([8192, 64, 130], 16), ([0, 70, 0], None)])
+def test_decode_step_previous_variants(attention, configs, rng, model, lens, splits):
     cfg = configs[model]
-    _check(cfg, lens, _step(attention(model, ALT[model]), cfg, lens, splits, rng))
+    _check(cfg, lens, _step(attention(model, REGS[model], "attn_combine_serial"), cfg, lens, splits, rng))
 
 
 def test_two_steps_append(attention, configs, rng):
@@ -268,17 +270,18 @@ def copy_gbps(device):
         dst.free()
 
 
-@pytest.mark.parametrize("alt", [False, True], ids=["default", "alt"])
+@pytest.mark.parametrize("old", [False, True], ids=["default", "previous"])
 @pytest.mark.parametrize("model,batch,length", [("27b", 1, 8192), ("27b", 8, 8192), ("27b", 1, 32768),
-                                                ("27b", 1, 1000), ("35b", 1, 8192), ("35b", 8, 8192)])
-def test_decode_bandwidth_report(attention, configs, device, copy_gbps, model, batch, length, alt):
+                                                ("27b", 1, 65536), ("27b", 1, 1000), ("35b", 1, 8192),
+                                                ("35b", 8, 8192)])
+def test_decode_bandwidth_report(attention, configs, device, copy_gbps, model, batch, length, old):
     """Prints the decode + combine time and the KV bytes per second (a report; nothing timed is asserted).
 
     The cache and q are zeros, so every score is 0 and the output must be exactly 0."""
     from inferno.cuda.stream import Event
 
     cfg = configs[model]
-    attn = attention(model, ALT[model] if alt else None)
+    attn = attention(model, REGS[model], "attn_combine_serial") if old else attention(model)
     hq, hkv = cfg.n_heads, cfg.n_kv_heads
     lay = KVLayout(hkv)
     per_seq = lay.pages_for(length)
@@ -309,7 +312,8 @@ def test_decode_bandwidth_report(attention, configs, device, copy_gbps, model, b
         end.synchronize()
         us = Event.elapsed_ms(start, end) * 1e3 / iters
         kv_bytes = batch * length * lay.token_bytes
-        print(f"\n{attn.decode.name} {model} batch {batch} len {length} splits {splits}: {us:.1f} us per layer, "
+        print(f"\n{attn.decode.name} + {attn.combine.name} {model} batch {batch} len {length} splits {splits}: "
+              f"{us:.1f} us per layer, "
               f"{kv_bytes / us / 1e3:.0f} GB/s of KV ({kv_bytes / 2**20:.1f} MiB), "
               f"{kv_bytes / us / 1e3 / copy_gbps:.0%} of this run's d2d copy {copy_gbps:.0f} GB/s")
         assert not np.any(from_device(out, bfloat16, (batch * hq * 256,)).astype(np.float32))

@@ -1,4 +1,5 @@
-"""GPU: the GDN decode kernels (gdn_conv, gdn_step) vs the numpy reference (inferno.model.reference).
+"""GPU: the GDN decode kernels (gdn_conv, gdn_step, the fused gdn_conv_step family) vs the numpy
+reference (inferno.model.reference).
 
 Fresh random inputs every run; outputs start poisoned (0xFF: bf16/fp32 NaN) with a poisoned guard
 tail; state slots that the batch does not use are poisoned too and must come back bit-identical,
@@ -18,7 +19,7 @@ import pytest
 from inferno.cuda.copy import from_device, h2d, memset_d8
 from inferno.cuda.device import Device
 from inferno.cuda.memory import DeviceBuffer, device_alloc
-from inferno.kernels.gdn_variants import GDN_VARIANTS, HEAD_DIM, GdnConv, GdnStep
+from inferno.kernels.gdn_variants import GDN_VARIANTS, HEAD_DIM, GdnConv, GdnConvStep, GdnStep
 from inferno.kernels.reference import bf16
 from inferno.model.executor import GdnState
 from inferno.model.reference.gdn import GdnWeights, causal_conv, gdn_layer, recurrent_delta_rule
@@ -53,6 +54,21 @@ def kernels(device):
             extra = {v.name: v for v in GDN_VARIANTS}
             mp.setattr(cache, "get", lambda name: extra.get(name) or registry.get(name))
         yield GdnConv.for_device(device), GdnStep.for_device(device)
+
+
+FUSED = [v.name for v in GDN_VARIANTS if v.op == "gdn_conv_step"]
+
+
+@pytest.fixture(scope="module", params=FUSED)
+def fused(device, request):
+    """A fused conv + step launcher, one per gdn_conv_step variant."""
+    from inferno.kernels import cache, registry
+
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param not in {v.name for v in registry.VARIANTS}:
+            extra = {v.name: v for v in GDN_VARIANTS}
+            mp.setattr(cache, "get", lambda name: extra.get(name) or registry.get(name))
+        yield GdnConvStep.for_device(device, request.param)
 
 
 # --- device buffers with guards -------------------------------------------------------------------
@@ -297,6 +313,135 @@ def test_consecutive_tokens_match_reference_layer(device, kernels, bufs, rng, hk
         if not (np.array_equal(new_state[s], rec_state[s]) and
                 np.array_equal(new_conv[s].view(np.uint16), conv_state[s].view(np.uint16))):
             fails.append(f"slot {s} is not in the batch but its state changed")
+    assert not fails, "; ".join(fails)
+
+
+# --- fused conv + step: several tokens in a row, states carried ----------------------------------
+
+
+@pytest.mark.parametrize("hk,hv", MODELS)
+@pytest.mark.parametrize("slots", SLOTS)
+def test_conv_step(device, fused, bufs, rng, hk, hv, slots):
+    """Fresh inputs each token; outputs poisoned before each call; the conv window and the fp32 state
+    carried on the device and in the reference; slots outside the batch hold NaN poison and must
+    come back bit-identical; the sync counters must be zero after every call."""
+    nb, c, zw, eps, tokens = len(slots), 2 * hk * D + hv * D, hv * D, 1e-6, 4
+    row = c + zw + 2 * hv + 8  # one padded fused projection row: x | z | a | b
+    a_log, dt_bias = _gates(rng, hv)
+    w = (1 + 0.2 * rng.standard_normal(D, np.float32)).astype(bf16)
+    conv_w = (0.5 * rng.standard_normal((4, c), np.float32)).astype(bf16)
+    conv_st = np.full((N_SLOTS, 3, c), 0xFFFF, np.uint16).view(bf16)
+    state = np.full((N_SLOTS, hv, D, D), 0xFFFFFFFF, np.uint32).view(np.float32)
+    for s in slots:
+        conv_st[s] = rng.standard_normal((3, c), np.float32).astype(bf16)
+        state[s] = 0.1 * rng.standard_normal((hv, D, D), np.float32)
+    ref_conv = {s: _f32(conv_st[s]) for s in slots}
+    ref_state = {s: state[s].copy() for s in slots}
+    dmix = bufs.poisoned(nb * row * 2, "mix")
+    dz = dmix.view(c * 2, dmix.nbytes - c * 2, "z")
+    da = dmix.view((c + zw) * 2, dmix.nbytes - (c + zw) * 2, "a")
+    db = dmix.view((c + zw + hv) * 2, dmix.nbytes - (c + zw + hv) * 2, "b")
+    dconv_st, dstate = bufs.up(conv_st, "conv_state"), bufs.up(state, "state")
+    dconv_w, dnw = bufs.up(conv_w, "conv_w"), bufs.up(w, "norm_w")
+    dalog, ddt = bufs.up(a_log, "a_log"), bufs.up(dt_bias, "dt_bias")
+    dslots = bufs.up(np.array(slots, np.int32), "slots")
+    dsync = bufs.up(np.zeros(nb * hk, np.int32), "sync")
+    dout = bufs.poisoned(nb * zw * 2, "out")
+    fails = []
+    for t in range(tokens):
+        mix = rng.standard_normal((nb, row), np.float32).astype(bf16)
+        h2d(dmix, mix)
+        memset_d8(dout, 0xFF, nb * zw * 2)
+        fused(dmix, dconv_st, dconv_w, dz, da, db, dalog, ddt, dnw, dstate, dslots, dsync, dout, nb, hk, hv, N_SLOTS,
+              eps, x_stride=row, z_stride=row, a_stride=row, b_stride=row)
+        device.synchronize()
+        out, out_guard = Bufs.read(dout, bf16, (nb, zw))
+        sync, _ = Bufs.read(dsync, np.int32, (nb * hk,))
+        if not out_guard:
+            fails.append(f"token {t}: out guard tail written")
+        if np.any(sync):
+            fails.append(f"token {t}: sync counters not back to zero: {np.flatnonzero(sync)[:8].tolist()}")
+        ref_out = np.empty((nb, zw), np.float32)
+        for i, s in enumerate(slots):
+            x = _f32(mix[i, :c])
+            co, cs = causal_conv(x[None], ref_conv[s].T, _f32(conv_w).T)
+            ref_conv[s] = cs.T
+            ref_out[i], ref_state[s] = _ref_step(silu(co[0]), mix[i, c: c + zw], mix[i, c + zw: c + zw + hv],
+                                                 mix[i, c + zw + hv: c + zw + 2 * hv],
+                                                 a_log, dt_bias, w, ref_state[s], hk, hv, eps)
+        rel, line = _report(f"{fused.name} hk{hk} hv{hv} slots {slots} token {t}: out", out, ref_out)
+        if rel > OUT_TOL:
+            fails.append(line)
+    new_conv, conv_guard = Bufs.read(dconv_st, bf16, conv_st.shape)
+    new_state, st_guard = Bufs.read(dstate, np.float32, state.shape)
+    for s in slots:
+        rel, line = _report(f"{fused.name} hk{hk} hv{hv} slot {s}: state after {tokens} tokens", new_state[s],
+                            ref_state[s])
+        if rel > tokens * STATE_TOL:
+            fails.append(line)
+        changed = np.argwhere(new_conv[s].view(np.uint16) != ref_conv[s].astype(bf16).view(np.uint16))
+        if changed.size:
+            fails.append(f"slot {s}: conv window differs at {len(changed)} places, first {changed[:3].tolist()}")
+    for s in set(range(N_SLOTS)) - set(slots):
+        if not (np.array_equal(new_state[s].view(np.uint32), state[s].view(np.uint32)) and
+                np.array_equal(new_conv[s].view(np.uint16), conv_st[s].view(np.uint16))):
+            fails.append(f"slot {s} is not in the batch but its state changed")
+    assert conv_guard and st_guard, "a state guard tail was written"
+    assert not fails, "; ".join(fails)
+
+
+def test_conv_step_graph_replays(device, bufs, rng):
+    """The default fused variant (a cluster launch) captured once in a CUDA graph and replayed three
+    times on the same inputs equals three reference tokens: the executor's way of running it."""
+    from inferno.cuda.graph import Graph
+    from inferno.cuda.stream import Stream
+
+    fused = GdnConvStep.for_device(device)
+    hk, hv, slots, eps, reps = 16, 48, [2, 5], 1e-6, 3
+    nb, c, zw = len(slots), 2 * hk * D + hv * D, hv * D
+    a_log, dt_bias = _gates(rng, hv)
+    w = (1 + 0.2 * rng.standard_normal(D, np.float32)).astype(bf16)
+    conv_w = (0.5 * rng.standard_normal((4, c), np.float32)).astype(bf16)
+    x = rng.standard_normal((nb, c), np.float32).astype(bf16)
+    z = rng.standard_normal((nb, zw), np.float32).astype(bf16)
+    ab = rng.standard_normal((nb, 2 * hv), np.float32).astype(bf16)
+    conv_st = rng.standard_normal((N_SLOTS, 3, c), np.float32).astype(bf16)
+    state = (0.1 * rng.standard_normal((N_SLOTS, hv, D, D), np.float32)).astype(np.float32)
+    dab = bufs.up(ab, "ab")
+    dconv_st, dstate = bufs.up(conv_st, "conv_state"), bufs.up(state, "state")
+    dsync, dout = bufs.up(np.zeros(nb * hk, np.int32), "sync"), bufs.poisoned(nb * zw * 2, "out")
+    args = (bufs.up(x, "x"), dconv_st, bufs.up(conv_w, "conv_w"), bufs.up(z, "z"), dab,
+            dab.view(hv * 2, dab.nbytes - hv * 2, "b"), bufs.up(a_log, "a_log"), bufs.up(dt_bias, "dt_bias"),
+            bufs.up(w, "norm_w"), dstate, bufs.up(np.array(slots, np.int32), "slots"), dsync, dout)
+    stream = Stream.create()
+    try:
+        with Graph.capture(stream) as g:
+            fused(*args, nb, hk, hv, N_SLOTS, eps, a_stride=2 * hv, b_stride=2 * hv, stream=stream)
+        ge = g.instantiate()
+        for _ in range(reps):
+            ge.launch(stream)
+        stream.synchronize()
+        ge.close()
+        g.close()
+    finally:
+        stream.close()
+    out, _ = Bufs.read(dout, bf16, (nb, zw))
+    new_state, _ = Bufs.read(dstate, np.float32, state.shape)
+    new_conv, _ = Bufs.read(dconv_st, bf16, conv_st.shape)
+    sync, _ = Bufs.read(dsync, np.int32, (nb * hk,))
+    fails = [] if not np.any(sync) else [f"sync counters not back to zero: {sync.tolist()}"]
+    for i, s in enumerate(slots):
+        win, st = _f32(conv_st[s]), state[s].copy()
+        for _ in range(reps):
+            co, cs = causal_conv(_f32(x[i])[None], win.T, _f32(conv_w).T)
+            win = cs.T
+            ref_out, st = _ref_step(silu(co[0]), z[i], ab[i, :hv], ab[i, hv:], a_log, dt_bias, w, st, hk, hv, eps)
+        for what, got, want, tol in (("out", out[i], ref_out, OUT_TOL), ("state", new_state[s], st, reps * STATE_TOL)):
+            rel, line = _report(f"{fused.name} graph x{reps} slot {s}: {what}", got, want)
+            if rel > tol:
+                fails.append(line)
+        if not np.array_equal(new_conv[s].view(np.uint16), win.astype(bf16).view(np.uint16)):
+            fails.append(f"slot {s}: conv window differs from the reference after {reps} replays")
     assert not fails, "; ".join(fails)
 
 

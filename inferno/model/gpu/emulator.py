@@ -144,23 +144,18 @@ class EmulatedOps:
         self.launches += 1
         self._put(y, self._get(w, bfloat16, n * k).reshape(n, k) @ self._get(x, bfloat16, k))
 
-    def gdn_conv(self, x, conv_state, conv_w, slots, out, channels, n_slots) -> None:
+    def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
+                      k_heads, v_heads, n_slots, eps) -> None:
         self.launches += 1
         slot = int(self._get(slots, np.int32, 1)[0])
         assert 0 <= slot < n_slots
+        channels = 2 * k_heads * 128 + v_heads * 128
         taps = conv_state.nbytes // (n_slots * channels * 2)
         xv = self._get(x, bfloat16, channels)
         st = self._get(conv_state, bfloat16, taps * channels, slot * taps * channels).reshape(taps, channels)
         w = self._get(conv_w, bfloat16, (taps + 1) * channels).reshape(taps + 1, channels)
-        self._put(out, silu((w[:taps] * st).sum(axis=0) + w[taps] * xv))
+        mixed = silu((w[:taps] * st).sum(axis=0) + w[taps] * xv)  # fp32, as the kernel keeps it
         self._put(conv_state, np.concatenate([st[1:], xv[None]]), offset=slot * taps * channels)
-
-    def gdn_step(self, qkv, z, a, b, a_log, dt_bias, norm_w, state, slots, out, k_heads, v_heads, n_slots,
-                 eps) -> None:
-        self.launches += 1
-        slot = int(self._get(slots, np.int32, 1)[0])
-        assert 0 <= slot < n_slots
-        mixed = self._get(qkv, bfloat16, 2 * k_heads * 128 + v_heads * 128)
         size = v_heads * 128 * 128
         s = self._get(state, np.float32, size, slot * size).reshape(v_heads, 128, 128)
         normed = _gdn_token(mixed, self._get(z, bfloat16, v_heads * 128), self._get(a, bfloat16, v_heads),

@@ -49,6 +49,7 @@ class DecodeProgram:
         self.attn = AttnGeometry(c.n_heads, c.n_kv_heads, c.head_dim, c.rotary_dim, c.rope_theta, c.rms_eps,
                                  plan.kv.pages_per_seq, plan.kv.n_pages, plan.attn_splits)
         self.n_slots = plan.gdn.slots
+        ops.zero(self.ws["gdn_sync"])  # the fused conv+step leaves its counters at zero after every call
 
     @property
     def step_words(self) -> int:
@@ -106,12 +107,11 @@ class DecodeProgram:
             ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden)
         ops.gemv(vz.fmt, "plain", vz.buf, ws["normed"], mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden)
         ops.join()
-        ops.gdn_conv(mix.view(0, c.conv_dim * BF16), self.states.conv[i], w[p + "gdn/convolution"].buf, self.slots,
-                     ws["conv_out"], c.conv_dim, self.n_slots)
-        ops.gdn_step(ws["conv_out"], mix.view(c.conv_dim * BF16, vw * BF16), ws["ab"].view(0, hv * BF16),
-                     ws["ab"].view(hv * BF16, hv * BF16), w[p + "gdn/a_log"].buf, w[p + "gdn/dt_bias"].buf,
-                     w[p + "gdn/norm"].buf, self.states.recurrent[i], self.slots, ws["mix_out"], c.gdn_k_heads,
-                     hv, self.n_slots, c.rms_eps)
+        ops.gdn_conv_step(mix.view(0, c.conv_dim * BF16), self.states.conv[i], w[p + "gdn/convolution"].buf,
+                          mix.view(c.conv_dim * BF16, vw * BF16), ws["ab"].view(0, hv * BF16),
+                          ws["ab"].view(hv * BF16, hv * BF16), w[p + "gdn/a_log"].buf, w[p + "gdn/dt_bias"].buf,
+                          w[p + "gdn/norm"].buf, self.states.recurrent[i], self.slots, ws["gdn_sync"],
+                          ws["mix_out"], c.gdn_k_heads, hv, self.n_slots, c.rms_eps)
 
     def _attention(self, i: int, p: str) -> None:
         c, ws, ops, w, g = self.c, self.ws, self.ops, self.w, self.attn

@@ -59,11 +59,10 @@ class Ops(Protocol):
     def gemv(self, fmt: str, epilogue: str, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
              r: DeviceBuffer | None = None) -> None: ...
     def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int) -> None: ...
-    def gdn_conv(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, slots: DeviceBuffer,
-                 out: DeviceBuffer, channels: int, n_slots: int) -> None: ...
-    def gdn_step(self, qkv: DeviceBuffer, z: DeviceBuffer, a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer,
-                 dt_bias: DeviceBuffer, norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer,
-                 out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, eps: float) -> None: ...
+    def gdn_conv_step(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, z: DeviceBuffer,
+                      a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer, dt_bias: DeviceBuffer,
+                      norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer, sync: DeviceBuffer,
+                      out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, eps: float) -> None: ...
     def attn_prep(self, qg: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
                   k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer,
                   kv: DeviceBuffer, q: DeviceBuffer, g: AttnGeometry) -> None: ...
@@ -120,12 +119,10 @@ class CudaOps:
         self._sampler: Any = None  # loaded on first device-sampled token (optional)
         if config.gdn_layers:
             try:
-                from inferno.kernels.gdn_variants import GDN_VARIANTS, GdnConv, GdnStep
+                from inferno.kernels.gdn_variants import GdnConvStep
             except ImportError as e:
                 raise _missing("GDN decode", "inferno/kernels/gdn_variants.py", f"cannot be imported ({e})") from None
-            by_op = {v.op: v for v in GDN_VARIANTS}
-            self._gdn_conv = GdnConv(load(by_op["gdn_conv"], dev))
-            self._gdn_step = GdnStep(load(by_op["gdn_step"], dev))
+            self._gdn_conv_step = GdnConvStep(load(get("gdn_conv_step"), dev))
         if config.attention_layers:
             try:
                 from inferno.kernels import attn_variants as A
@@ -275,13 +272,10 @@ class CudaOps:
     def linear_bf16(self, x, w, y, n, k) -> None:
         self._gemv_bf16(w, x, y, n, k, 1, stream=self.stream)
 
-    def gdn_conv(self, x, conv_state, conv_w, slots, out, channels, n_slots) -> None:
-        self._gdn_conv(x, conv_state, conv_w, slots, out, 1, channels, n_slots, stream=self.stream)
-
-    def gdn_step(self, qkv, z, a, b, a_log, dt_bias, norm_w, state, slots, out, k_heads, v_heads, n_slots,
-                 eps) -> None:
-        self._gdn_step(qkv, z, a, b, a_log, dt_bias, norm_w, state, slots, out, 1, k_heads, v_heads, n_slots,
-                       eps, stream=self.stream)
+    def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
+                      k_heads, v_heads, n_slots, eps) -> None:
+        self._gdn_conv_step(x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out, 1,
+                            k_heads, v_heads, n_slots, eps, stream=self.stream)
 
     def attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g) -> None:
         self._attn_prep(qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, batch=1, n_heads=g.n_heads,

@@ -295,21 +295,18 @@ class RecordingOps:
 
         return f"{variant_name(1)} {role(w)}", Work((n * k + k + n) * BF16, 2 * n * k, fixed=n * k * BF16)
 
-    def _w_gdn_conv(self, x, conv_state, conv_w, slots, out, channels, n_slots):
-        c = self.c
-        taps = c.conv_kernel - 1
-        state = 2 * taps * channels * STATE_DTYPES[self.dtypes.conv]  # read + written
-        weights = c.conv_kernel * channels * BF16
-        return f"gdn_conv {role(conv_w)}", Work(I32 + 2 * channels * BF16 + state + weights,
-                                                2 * c.conv_kernel * channels, fixed=state + weights)
-
-    def _w_gdn_step(self, qkv, z, a, b, a_log, dt_bias, norm_w, state, slots, out, k_heads, v_heads, n_slots, eps):
+    def _w_gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
+                         k_heads, v_heads, n_slots, eps):
         c = self.c
         dk, dv = c.gdn_k_dim, c.gdn_v_dim
+        channels = 2 * k_heads * dk + v_heads * dv
+        window = 2 * (c.conv_kernel - 1) * channels * STATE_DTYPES[self.dtypes.conv]  # read + written
         rec = 2 * v_heads * dk * dv * STATE_DTYPES[self.dtypes.recurrent]  # read + written
-        weights = 2 * v_heads * F32 + dv * BF16  # a_log, dt_bias, norm
-        act = (2 * k_heads * dk + 3 * v_heads * dv + 2 * v_heads) * BF16  # q k v, z, out, a b
-        return "gdn_step", Work(I32 + act + weights + rec, 7 * v_heads * dk * dv, fixed=rec + weights)
+        weights = c.conv_kernel * channels * BF16 + 2 * v_heads * F32 + dv * BF16  # conv, a_log, dt_bias, norm
+        act = (channels + 2 * v_heads * dv + 2 * v_heads) * BF16  # x (q k v), z, out, a b
+        fixed = window + rec + weights
+        return "gdn_conv_step", Work(I32 + act + fixed, 2 * c.conv_kernel * channels + 7 * v_heads * dk * dv,
+                                     fixed=fixed)
 
     def _w_attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g):
         d = g.head_dim

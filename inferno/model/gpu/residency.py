@@ -149,7 +149,7 @@ def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int, seqs
         "mix_in": max(mix_in, (q_width + kv_width) if c.attention_layers else 0) * BF16,  # GDN qkvz / attn q|k
         "gate_value": (q_width + kv_width) * BF16 if c.attention_layers else ALIGN,  # attn gate | v
         "ab": 2 * c.gdn_v_heads * BF16 if c.gdn_layers else ALIGN,
-        "conv_out": c.conv_dim * BF16 if c.gdn_layers else ALIGN,
+        "gdn_sync": c.gdn_k_heads * I32 if c.gdn_layers else ALIGN,  # the fused conv+step's q/k window counters
         "mix_out": max(c.gdn_value_width if c.gdn_layers else 0, q_width if c.attention_layers else 0) * BF16,
         "act": c.intermediate * BF16,
         "logits": c.vocab * BF16,
