@@ -2,19 +2,24 @@
 
     python tools/bench_gemv.py [--out bench_gemv.json] [--quick] [--tune] [--compare]
     python tools/bench_gemv.py --build DIR [--tune] [--compare]   (build those extra variants)
+    python tools/bench_gemv.py --mma [--mma-tune] [--out f.json]   (tensor-core GEMV vs this one)
+    python tools/bench_gemv.py --build DIR --mma [--mma-tune]      (build the variants --mma times)
 
 Each case replays a CUDA graph of back-to-back launches that cycle over enough copies of the
 weights (>= 512 MB in all) that no launch finds its weights in L2, as in decode. Time = median
 over replays of (graph time / launches). GB/s counts weight + x + y (+ r) bytes once.
 Copy bandwidth: a 1 GiB device-to-device copy, bytes read + written. --tune adds rows/threads
 alternatives of the T=1 kernels, --compare the old-constant and 8-row swiglu ones. Prints a
-table, then markdown rows.
+table, then markdown rows. --mma times the tensor-core GEMV (`gemv_mma_*`) against the CUDA-core
+one at T = 1 and 8 on the 27B shapes (--mma-tune adds tiles/warps/steps/stages alternatives) and
+prints a comparison table (it replaces the default, --tune and --compare cases).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -32,9 +37,14 @@ from inferno.cuda.stream import Event, Stream  # noqa: E402
 from inferno.kernels import qlayout as ql  # noqa: E402
 from inferno.kernels.reference import bf16  # noqa: E402
 from inferno.kernels.cache import load  # noqa: E402
+from inferno.kernels import gemv_mma_variants as mv  # noqa: E402
 from inferno.kernels.gemv_variants import GemvQ, make_variant, variant_name  # noqa: E402
 
-SHAPES = {"gate_up": (34816, 5120), "down": (5120, 17408), "qkv": (12288, 5120)}
+SHAPES = {"gate_up": (34816, 5120), "down": (5120, 17408), "qkv": (12288, 5120), "head": (248320, 5120)}
+LAYER_SHAPES = ("gate_up", "down", "qkv")  # the default and --compare cases (head: --mma, Q6 only)
+# (tiles, warps, steps, stages) alternatives of the tensor-core GEMV (--mma-tune; the GPU test runs them too)
+MMA_TUNE = ((1, 4, 1, 3), (1, 4, 1, 6), (1, 4, 2, 4), (1, 8, 1, 4), (2, 4, 1, 4), (2, 4, 1, 6), (2, 8, 1, 4),
+            (1, 2, 1, 6))
 FMT_SHORT = {"Q4G64_F16S": "Q4", "Q5G64_F16S": "Q5", "Q6G64_F16S": "Q6", "W8G32_F16S": "W8"}
 WORKING_SET = 512 << 20
 
@@ -130,7 +140,7 @@ def compare_cases() -> list:
     8 rows per CTA for swiglu."""
     out = []
     for fmt in FMT_SHORT:
-        for shape in SHAPES:
+        for shape in LAYER_SHAPES:
             out.append((make_variant(fmt, "plain", 1, regconst=False), fmt, shape))
         out.append((make_variant(fmt, "swiglu", 1, regconst=False), fmt, "gate_up"))
         out.append((make_variant(fmt, "residual", 1, regconst=False), fmt, "down"))
@@ -146,8 +156,12 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true", help="also rows/threads alternatives at T = 1")
     ap.add_argument("--compare", action="store_true",
                     help="also the old-constant (_immc) and 8-row swiglu variants at T = 1")
+    ap.add_argument("--mma", action="store_true", help="tensor-core GEMV vs the CUDA-core one (T = 1, 8)")
+    ap.add_argument("--mma-tune", action="store_true", help="with --mma: tiles/warps/steps/stages alternatives")
     a = ap.parse_args()
     extra = (tune_cases() if a.tune else []) + (compare_cases() if a.compare else [])
+    if a.mma:
+        extra = mma_cases(a.mma_tune)
     if a.build:
         from inferno.kernels.build import build_all
 
@@ -160,8 +174,8 @@ def main() -> None:
     log(f"device {dev.name}  copy bandwidth {copy:.0f} GB/s (1 GiB D2D, read + write)")
     cols_list = (1, 8) if a.quick else (1, 2, 4, 8)
     cases = []  # (label, kernel, fmt, shape)
-    for fmt in FMT_SHORT:
-        for shape in SHAPES:
+    for fmt in ([] if a.mma else FMT_SHORT):
+        for shape in LAYER_SHAPES:
             for cols in cols_list:
                 cases.append((variant_name(fmt, "plain", cols), fmt, shape, cols, None))
         cases += [(variant_name(fmt, "swiglu", c), fmt, "gate_up", c, None) for c in cols_list]
@@ -178,7 +192,8 @@ def main() -> None:
             weights = {(fmt, shape): Weights(fmt, n, k, rng)}
         w = weights[(fmt, shape)]
         try:
-            kern = GemvQ(load(v, dev)) if v is not None else GemvQ.load(name, dev)
+            cls = mv.GemvMma if name.startswith("gemv_mma_") else GemvQ
+            kern = cls(load(v, dev)) if v is not None else cls.load(name, dev)
             us = bench_case(kern, w, n, k, cols, stream, rng)
         except Exception as e:  # a tuning variant that is not built: report, go on
             log(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
@@ -201,6 +216,42 @@ def main() -> None:
     for r in rows_out:
         print(f"| {r['variant']} | {r['shape']} | {r['T']} | {r['weight_mb']:.1f} | {r['us']:.1f} | "
               f"{r['floor_us']:.1f} | {r['gbps']:.0f} | {r['pct_copy']:.0f} |")
+    if a.mma:
+        print_mma_table(rows_out)
+
+
+def mma_cases(tune: bool) -> list:
+    """(variant, format, shape): per format the CUDA-core and the tensor-core GEMV at T = 1 and 8 on
+    gate_up (plain, swiglu), down (plain, residual), qkv / value_z (plain); the Q6 output head;
+    with `tune` the MMA_TUNE shapes of the T = 1 kernels on gate_up and down."""
+    out = []
+    for fmt in FMT_SHORT:
+        combos = [("gate_up", "plain"), ("gate_up", "swiglu"), ("down", "plain"), ("down", "residual"),
+                  ("qkv", "plain")] + ([("head", "plain")] if fmt == "Q6G64_F16S" else [])
+        for shape, epi in combos:
+            for cols in (1, 8):
+                out.append((make_variant(fmt, epi, cols), fmt, shape))
+                out.append((mv.make_variant(fmt, epi, cols), fmt, shape))
+                if tune and cols == 1 and shape in ("gate_up", "down"):
+                    out += [(mv.make_variant(fmt, epi, 1, *c), fmt, shape) for c in MMA_TUNE]
+    return out
+
+
+def print_mma_table(rows: list) -> None:
+    """Tensor-core vs CUDA-core rows of the same (format, shape, epilogue, T)."""
+    def key(r):
+        return (re.sub(r"_r\d+_w\d+_s\d+_p\d+$", "", r["variant"].replace("gemv_mma_", "gemv_")), r["shape"], r["T"])
+
+    old = {key(r): r for r in rows if not r["variant"].startswith("gemv_mma_")}
+    print("\n| variant | shape | T | us | GB/s | % copy | CUDA-core us (% copy) | speedup |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["variant"].startswith("gemv_mma_"):
+            o = old.get(key(r))
+            ref = f"{o['us']:.1f} ({o['pct_copy']:.0f} %)" if o else "-"
+            sp = f"{o['us'] / r['us']:.2f}x" if o else "-"
+            print(f"| {r['variant']} | {r['shape']} | {r['T']} | {r['us']:.1f} | {r['gbps']:.0f} | "
+                  f"{r['pct_copy']:.0f} | {ref} | {sp} |")
 
 
 if __name__ == "__main__":

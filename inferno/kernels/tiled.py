@@ -1,0 +1,127 @@
+"""`tile16-v1`: the device layout of groupwise-int matrices, made from the artifact's `row-split-k128-v1`
+payload at load time so that the tensor-core GEMV reads every weight byte in 512-byte warp-wide runs.
+
+A warp's mma.sync m16n8k16 A fragment covers 16 weight rows: lane l = 4g + t (g = l // 4, t = l % 4)
+holds rows g and g + 8, and the 4 lanes of a quad split each row's k range. With one group of one
+row spread over a quad (lane t: codes 16t .. 16t + 15 of the group), the data a warp needs for one
+(tile of 16 rows, group) is 512 bytes of base codes; `tile16-v1` stores exactly those bytes, in lane
+order, one block after another along K, tile after tile. For [N, K] (K_pad = align(K, 128), G the
+group, NG = K_pad / G groups per row, NT = ceil(N / 16) tiles; rows >= N are zero, i.e. code 0 and
+scale 0):
+
+  base   block (T, j) of 512 B at (T * NG + j) * 512; lane l's 16 B at 16 l:
+         [0, 8) = row 16T + g, base bytes 8t .. 8t + 8 of group j; [8, 16) = row 16T + g + 8, same bytes
+         (a group's 32 base bytes: Q4/Q5/Q6 low nibbles, two codes a byte, low nibble first; W8 bytes)
+  high   Q5 (hb = 2) / Q6 (hb = 4): block (T, j) of 64 hb B at (T * NG + j) * 64 hb; lane l's 2 hb B at
+         2 hb l: [0, hb) = row g's high bytes hb t .. hb t + hb of group j, [hb, 2 hb) = row g + 8's
+  scale  block (T, p) of 64 B for the group pair p (groups 2p, 2p + 1) at (T * NG / 2 + p) * 64; at
+         8 g: binary16 [s(g, 2p), s(g + 8, 2p), s(g, 2p + 1), s(g + 8, 2p + 1)] (row offsets in the tile)
+
+Planes start at 0, `high_offset` and `scale_offset`, each 256-byte aligned. The bytes of a block are
+the same bytes as in the row-split payload, only moved, so decoding is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferno.artifact.formats.groupwise import PLANE_ALIGN, SCHEMES, geometry
+from inferno.errors import InfernoError
+
+TILE_ROWS = 16
+LAYOUT = "tile16-v1"
+
+
+class TiledLayoutError(InfernoError):
+    """A payload that does not match the matrix it is said to hold."""
+
+
+def _up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+@dataclass(frozen=True)
+class TiledGeometry:
+    """Sizes and plane offsets of one matrix in `tile16-v1` (bytes)."""
+
+    fmt: str
+    n: int
+    k: int
+    tiles: int  # NT
+    groups: int  # NG, per row
+    high_lane_bytes: int  # hb: 0 (Q4, W8), 2 (Q5), 4 (Q6)
+    base_bytes: int
+    high_offset: int
+    high_bytes: int
+    scale_offset: int
+    scale_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.scale_offset + self.scale_bytes
+
+
+def tiled_geometry(fmt: str, n: int, k: int) -> TiledGeometry:
+    """The `tile16-v1` geometry of `fmt` [n, k]."""
+    if fmt not in SCHEMES:
+        raise TiledLayoutError(f"no {LAYOUT} layout for format {fmt!r}; formats: {', '.join(SCHEMES)}")
+    g = geometry(fmt, (n, k))
+    tiles, ng = -(-n // TILE_ROWS), g.groups_per_row
+    hb = g.scheme.high_bytes // 4
+    base = tiles * ng * 512
+    high = tiles * ng * 64 * hb
+    high_off = _up(base, PLANE_ALIGN)
+    scale_off = high_off + _up(high, PLANE_ALIGN)
+    return TiledGeometry(fmt, n, k, tiles, ng, hb, base, high_off, high, scale_off, tiles * ng * 32)
+
+
+def _rows(plane: np.ndarray, n: int, tiles: int) -> np.ndarray:
+    """[n, ...] -> [tiles * 16, ...] with zero rows appended."""
+    if tiles * TILE_ROWS == n:
+        return plane
+    out = np.zeros((tiles * TILE_ROWS,) + plane.shape[1:], plane.dtype)
+    out[:n] = plane
+    return out
+
+
+def tile(fmt: str, payload, n: int, k: int) -> np.ndarray:
+    """The `tile16-v1` bytes (uint8) of a `row-split-k128-v1` payload of `fmt` [n, k]."""
+    g, t = geometry(fmt, (n, k)), tiled_geometry(fmt, n, k)
+    buf = np.frombuffer(payload, dtype=np.uint8)
+    if buf.size != g.nbytes:
+        raise TiledLayoutError(f"{fmt} [{n}, {k}] payload has {buf.size} bytes, expected {g.nbytes}")
+    nt, ng, hb = t.tiles, t.groups, t.high_lane_bytes
+    out = np.zeros(t.nbytes, np.uint8)
+    # moved in whole units (8-byte base runs, hb-byte high runs, 2-byte scales): numpy copies elements
+    base = _rows(buf[:g.base_bytes].view(np.uint64).reshape(n, ng, 4), n, nt).reshape(nt, 2, 8, ng, 4)
+    out[:t.base_bytes].view(np.uint64).reshape(nt, ng, 8, 4, 2)[...] = base.transpose(0, 3, 2, 4, 1)
+    if hb:
+        unit = np.uint16 if hb == 2 else np.uint32
+        high = buf[g.high_offset:g.high_offset + g.high_bytes].view(unit).reshape(n, ng, 4)
+        high = _rows(high, n, nt).reshape(nt, 2, 8, ng, 4)
+        out[t.high_offset:t.high_offset + t.high_bytes].view(unit).reshape(nt, ng, 8, 4, 2)[...] = \
+            high.transpose(0, 3, 2, 4, 1)
+    sc = buf[g.scale_offset:g.scale_offset + g.scale_bytes].view(np.uint16).reshape(n, ng // 2, 2)  # [row, pair, j]
+    sc = _rows(sc, n, nt).reshape(nt, 2, 8, ng // 2, 2)  # [tile, half, g, pair, j]
+    out[t.scale_offset:].view(np.uint16).reshape(nt, ng // 2, 8, 2, 2)[...] = sc.transpose(0, 3, 2, 4, 1)
+    return out
+
+
+def untile(fmt: str, tiled, n: int, k: int) -> np.ndarray:
+    """The `row-split-k128-v1` bytes of a `tile16-v1` image (the inverse of `tile`; padding rows dropped)."""
+    g, t = geometry(fmt, (n, k)), tiled_geometry(fmt, n, k)
+    buf = np.frombuffer(tiled, dtype=np.uint8)
+    if buf.size != t.nbytes:
+        raise TiledLayoutError(f"{fmt} [{n}, {k}] {LAYOUT} image has {buf.size} bytes, expected {t.nbytes}")
+    nt, ng, hb = t.tiles, t.groups, t.high_lane_bytes
+    out = np.zeros(g.nbytes, np.uint8)
+    base = buf[:t.base_bytes].reshape(nt, ng, 8, 4, 2, 8).transpose(0, 4, 2, 1, 3, 5)
+    out[:g.base_bytes] = base.reshape(nt * 16, -1)[:n].reshape(-1)
+    if hb:
+        high = buf[t.high_offset:t.high_offset + t.high_bytes].reshape(nt, ng, 8, 4, 2, hb).transpose(0, 4, 2, 1, 3, 5)
+        out[g.high_offset:g.high_offset + g.high_bytes] = high.reshape(nt * 16, -1)[:n].reshape(-1)
+    sc = buf[t.scale_offset:].reshape(nt, ng // 2, 8, 2, 2, 2).transpose(0, 4, 2, 1, 3, 5)
+    out[g.scale_offset:g.scale_offset + g.scale_bytes] = sc.reshape(nt * 16, -1)[:n].reshape(-1)
+    return out
