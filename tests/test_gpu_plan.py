@@ -16,12 +16,13 @@ from inferno.checkpoint.synth import synthesize
 from inferno.cuda.errors import OutOfMemoryError
 from inferno.errors import NotBuiltError, UsageError
 from inferno.kernels.kv_layout import KVLayout
+from inferno.kernels.tiled import tiled_geometry
 from inferno.model.executor import Executor
 from inferno.model.gpu import GpuExecutor
 from inferno.model.gpu.diagnose import layer_errors, report
 from inferno.model.gpu.residency import gemv_kinds
 from inferno.model.gpu.residency import (
-    CONCAT, DEQUANT_BF16, HEADROOM, PAGE_TOKENS, PAYLOAD, align_up, check_supported, decode_weights, plan_residency,
+    CONCAT, DEQUANT_BF16, HEADROOM, PAGE_TOKENS, PAYLOAD, TILED, align_up, check_supported, decode_weights, plan_residency,
 )
 from inferno.model.reference import ReferenceExecutor
 
@@ -62,9 +63,11 @@ def test_plan_places_every_decode_weight_with_its_artifact_size(inventory):
     assert [p.name for p in plan.placements] == [n for n, _, _ in decode_weights(config)]
     for p in plan.placements:
         assert p.where == "device"
-        if p.stored == PAYLOAD:
+        if p.stored in (PAYLOAD, TILED):
             e = expected[p.sources[0]]
             assert (p.fmt, p.shape) == (e.format, e.shape)
+            if p.stored == TILED:
+                assert p.nbytes == tiled_geometry(p.fmt, *p.shape).nbytes
         elif p.stored == DEQUANT_BF16:
             assert p.nbytes == p.shape[0] * p.shape[1] * 2 and p.fmt == "BF16"
         else:

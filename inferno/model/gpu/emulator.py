@@ -19,6 +19,7 @@ from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.kernels.qlayout import dequant_rows
 from inferno.model.gpu.ops import AttnGeometry
+from inferno.model.gpu import residency
 from inferno.model.gpu.residency import ALIGN, align_up
 from inferno.model.reference.norms import rms_norm, sigmoid, silu, softplus
 from inferno.model.reference.rope import apply_rope
@@ -120,6 +121,11 @@ class EmulatedOps:
             from inferno.artifact.formats import nvfp4
 
             m = self._dequant[key] = nvfp4.decode(self._bytes(w, nvfp4.geometry((n, k)).nbytes).tobytes(), (n, k))
+        if m is None and residency.TILED_GEMV:  # the device layout of groupwise-int matrices (residency.TILED)
+            from inferno.kernels.tiled import tiled_geometry, untile
+
+            payload = untile(fmt, self._bytes(w, tiled_geometry(fmt, n, k).nbytes), n, k).tobytes()
+            m = self._dequant[key] = dequant_rows(fmt, payload, n, k).astype(np.float32)
         if m is None:
             from inferno.artifact.formats.groupwise import geometry
 

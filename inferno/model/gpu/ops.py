@@ -23,6 +23,7 @@ from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.errors import NotBuiltError
 from inferno.model.config import ModelConfig
+from inferno.model.gpu import residency
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,14 @@ class CudaOps:
 
         if fmt == "BF16":
             return self._gemv_bf16_launcher(epilogue)
+        if fmt != F.FORMAT and residency.TILED_GEMV:  # groupwise-int in tile16-v1: the tensor-core GEMV
+            from inferno.kernels import gemv_mma_variants as M
+
+            name = M.variant_name(fmt, epilogue, 1)
+            g = self._gemv.get(name)
+            if g is None:
+                g = self._gemv[name] = M.GemvMma.load(name, self.device)
+            return g
         name = F.variant_name(epilogue, 1) if fmt == F.FORMAT else variant_name(fmt, epilogue, 1)
         g = self._gemv.get(name)
         if g is None:

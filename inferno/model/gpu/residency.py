@@ -31,6 +31,10 @@ PAYLOAD = "payload"  # the artifact bytes as they are (quantized GEMV payloads, 
 DEQUANT_BF16 = "bf16"  # dequantized to bf16 at load (the embedding table: the gather kernel reads bf16)
 CONCAT = "concat"  # BF16 sources concatenated by rows (GDN a | b projections: one GEMM)
 ROWS = "rows"  # a row range of one fused source, re-packed as its own matrix (fusion plan "nvfp4")
+TILED = "tile16"  # a groupwise-int payload moved into tile16-v1 at load (inferno/kernels/tiled.py)
+# Groupwise-int matrices live on the device in tile16-v1 (the tensor-core GEMV and the prefill
+# dequant read it); False keeps the artifact's row-split payload (the CUDA-core GEMV's layout).
+TILED_GEMV = False
 FUSIONS = ("split", "nvfp4")  # fusion plans the GPU executor runs
 # GEMV formats besides the groupwise-int ones (gemv_nvfp4_variants, gemv_bf16_variants)
 GEMV_FORMATS_EXTRA = ("NVFP4", "BF16")
@@ -350,6 +354,9 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
     from inferno.artifact import formats
     from inferno.errors import ArtifactError, UsageError
     from inferno.kernels.gemv_variants import FORMATS
+    from inferno.kernels.tiled import tiled_geometry
+
+    GROUPWISE = FORMATS  # the groupwise-int formats (tile16-v1 when TILED_GEMV)
 
     check_supported(config)
     if fusion not in FUSIONS:
@@ -388,6 +395,8 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
                 raise NotBuiltError(f"the GPU executor has no GEMV kernel for {fmt} weights ({name}) yet; "
                                     "use --device cpu")
             nbytes = formats.packed_nbytes(fmt, e.layout, tuple(shape))
+            if stored == PAYLOAD and TILED_GEMV and fmt in GROUPWISE and len(shape) == 2:
+                stored, nbytes = TILED, tiled_geometry(fmt, *shape).nbytes
         placements.append(Placement(name, sources, fmt, tuple(int(d) for d in shape), stored, int(nbytes),
                                     rows=rows))
     kv = KvSizing(len(config.attention_layers), config.n_kv_heads, config.head_dim, max_seqs, max_context)

@@ -1,7 +1,8 @@
 """Upload the artifact tensors the decode path reads into the device arena, as the residency plan says.
 
-Quantized matrices go up as their `row-split-k128-v1` payloads, byte for byte (the GEMV kernel
-reads that layout directly: no load-time repack, see inferno/kernels/qlayout.py); BF16 / FP32
+Quantized groupwise-int matrices go up in `tile16-v1` (inferno/kernels/tiled.py: the artifact's
+`row-split-k128-v1` bytes moved so each warp of the GEMV reads 512-byte runs), or as their payloads
+byte for byte while `residency.TILED_GEMV` is off; NVFP4 payloads as they are; BF16 / FP32
 vectors as they are; the embedding table dequantized to bf16 (the gather kernel reads bf16
 rows); the GDN a and b projections concatenated into one [2 Hv, H] bf16 matrix (one GEMM);
 a row range of a fused NVFP4 (or BF16) input projection re-packed as a matrix of its own.
@@ -9,6 +10,9 @@ a row range of a fused NVFP4 (or BF16) input projection re-packed as a matrix of
 
 from __future__ import annotations
 
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +24,7 @@ from inferno.artifact.identities import ExpectedTensor
 from inferno.cuda.memory import DeviceBuffer
 from inferno.errors import ArtifactError
 from inferno.model.gpu.ops import Ops
-from inferno.model.gpu.residency import CONCAT, DEQUANT_BF16, PAYLOAD, ROWS, Placement, ResidencyPlan
+from inferno.model.gpu.residency import CONCAT, DEQUANT_BF16, PAYLOAD, ROWS, TILED, Placement, ResidencyPlan
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,10 @@ def host_image(p: Placement, artifact: Artifact, expected: dict[str, ExpectedTen
     """The bytes (as a numpy array) that placement `p` puts on the device."""
     if p.stored == PAYLOAD:
         data = np.frombuffer(artifact.tensor_bytes(p.sources[0]), np.uint8)
+    elif p.stored == TILED:
+        from inferno.kernels.tiled import tile
+
+        data = tile(p.fmt, artifact.tensor_bytes(p.sources[0]), *p.shape)
     elif p.stored == DEQUANT_BF16:
         e = expected[p.sources[0]]
         data = formats.decode(e.format, e.layout, artifact.tensor_bytes(e.name), e.shape).astype(bfloat16)
@@ -70,10 +78,26 @@ def upload_weights(ops: Ops, artifact: Artifact, expected: dict[str, ExpectedTen
 
     bar = Progress("uploading weights", plan.weight_bytes, enabled=progress)
     out: dict[str, DeviceTensor] = {}
-    for p in plan.placements:
-        buf = ops.alloc(p.name, p.nbytes)
-        ops.upload(buf, host_image(p, artifact, expected))
-        out[p.name] = DeviceTensor(buf, p.fmt, p.shape)
-        bar.advance(p.nbytes)
+    # Host images (tiling moves every byte) are made by a few threads ahead of the uploads, in order.
+    workers = max(1, min(PREPARE_AHEAD, (os.cpu_count() or 2) - 1))
+    with ThreadPoolExecutor(workers) as pool:
+        pending: deque = deque()
+        for p in plan.placements:
+            pending.append((p, pool.submit(host_image, p, artifact, expected)))
+            if len(pending) > workers:
+                _upload_next(ops, pending, out, bar)
+        while pending:
+            _upload_next(ops, pending, out, bar)
     bar.close()
     return out
+
+
+PREPARE_AHEAD = 6  # host images made ahead of the upload (bounds host memory to a few matrices)
+
+
+def _upload_next(ops: Ops, pending: deque, out: dict[str, DeviceTensor], bar) -> None:
+    p, image = pending.popleft()
+    buf = ops.alloc(p.name, p.nbytes)
+    ops.upload(buf, image.result())
+    out[p.name] = DeviceTensor(buf, p.fmt, p.shape)
+    bar.advance(p.nbytes)
