@@ -22,8 +22,10 @@ and the write.
 
 GdnConvStep: the causal conv (+ SiLU, window shift; see gdn_conv.py) of the head's q/k/v channels
 fused in front, reading the raw conv input x [B, C] instead of qkv, and dv split over a cluster
-of `splits` CTAs per head (grid = (splits, Hv, B)); details in its docstring and
-docs/kernels-gdn.md.
+of `splits` CTAs per head (grid = (splits, Hv, B)); its warps own columns (all reductions over dk
+are warp shuffles) and only x, z, a, b are loaded after the PDL wait. GdnConvStepRows: the first
+fused version (dk rows split over the warps, smem reductions), kept for A/B. Details in the
+docstrings and docs/kernels-gdn.md.
 """
 
 import cuda.bindings.driver as cuda
@@ -217,8 +219,9 @@ def _atom_inc_release(addr, last, *, loc=None, ip=None):
         asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
-class GdnConvStep:
-    """Causal conv1d + SiLU of the head's q/k/v channels, conv-window shift, then the GdnStep math.
+class GdnConvStepRows:
+    """Causal conv1d + SiLU of the head's q/k/v channels, conv-window shift, then the GdnStep math
+    (the first fused version, variant gdn_conv_step_v1: dk rows split over the warps).
 
     Grid (splits, Hv, B): CTA (c, j, b) owns columns [c*dv/splits, (c+1)*dv/splits) of value head j's
     state for sequence b; the `splits` CTAs of a head form one cluster and exchange their partial
@@ -455,3 +458,261 @@ class GdnConvStep:
             rY = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
             rY.store((o * scale * rW.load().to(cutlass.Float32) * gate).to(cutlass.BFloat16))
             cute.autovec_copy(rY, cute.zipped_divide(mOut[seq, None], (COLS,))[None, head * (dv // COLS) + col_chunk])
+
+
+# --- conv + step fused, columns split over the warps (the default) ---------------------------------
+
+
+def _silu(x):
+    return x / (cute.math.exp2(x * -LOG2E, fastmath=True) + 1.0)
+
+
+class GdnConvStep:
+    """GdnConvStepRows with a short dependent chain after the PDL wait.
+
+    Grid (splits, Hv, B), cluster (splits, 1, 1); CTA (c, j, b) owns columns [c*dv/splits, (c+1)*dv/splits)
+    of value head j's state for sequence b. `threads` = 32 * (compute warps + 1):
+      - compute warp w owns `cw` = 8 or 16 of those columns over all dk rows: lane (rg, cwi) holds the
+        4 columns `cwi` of rows [rg*R, rg*R + R) (R = dk * cw / 128), so k^T S and q^T S are reduced
+        with warp shuffles only (no shared memory, no CTA barrier);
+      - every compute warp convolves the key head's 256 q/k channels itself (8 per lane; nothing to
+        wait for across warps) and gathers each row's raw q and k by shuffles; each thread convolves
+        its own 4 v columns (8-byte accesses, the row-group-0 lane writes their shifted window);
+      - the last warp (the window warp) does the q/k conv-window protocol: after a named barrier that
+        the compute warps arrive at (without waiting) once they have read the window, it counts its
+        CTA on sync[b*Hk + kh] (atom.release.inc, wraps to 0) and the last of the Hv/Hk * splits CTAs
+        writes the shifted window, so no fence or atomic sits on a compute warp's path.
+    Issued before griddepcontrol.wait (the previous kernel does not write them) and consumed after it:
+    the state, both conv windows and weights, A_log, dt_bias, norm_w. After it: x, z, a, b, so with or
+    without PDL overlap every load of the step is in flight at once.
+    The gated RMSNorm's sum of o^2 over dv: per warp by shuffles, then across warps (smem + a named
+    barrier) or the cluster (each warp stores its partial into every CTA's smem, barrier.cluster
+    arrive before the state stores, wait after them); every CTA sums the partials in the same order.
+    """
+
+    def __init__(self, splits: int = 4, threads: int = 160, head_k: int = 128, head_v: int = 128, width: int = 4):
+        if head_k != 128 or head_v != 128:
+            raise ValueError("head_k and head_v must be 128")
+        if splits not in (1, 2, 4, 8):
+            raise ValueError("splits must be 1, 2, 4 or 8 (a portable cluster)")
+        if width != 4:
+            raise ValueError("conv width must be 4")
+        warps = threads // 32 - 1
+        cols = head_v // splits
+        if threads % 32 or warps < 1 or cols % warps or cols // warps not in (8, 16):
+            raise ValueError("threads must be 32 * (warps + 1) with dv / splits / warps = 8 or 16 columns per warp")
+        self.splits, self.threads, self.dk, self.dv, self.width = splits, threads, head_k, head_v, width
+        self.warps = warps  # compute warps; warp `warps` is the window warp
+        self.cols = cols  # columns per CTA
+        self.cpw = cols // warps // COLS  # 4-column chunks per warp (2 or 4)
+        self.lpc = 32 // self.cpw  # lanes per chunk = row groups (16 or 8)
+        self.rows = head_k // self.lpc  # rows per lane (8 or 16)
+        self.row_offsets = tuple(o for o in (1, 2, 4, 8, 16) if o >= self.cpw)  # lanes of one chunk
+        self.col_offsets = tuple(o for o in (1, 2, 4, 8, 16) if o < self.cpw)  # chunks of one warp
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mConvState: cute.Tensor, mConvW: cute.Tensor, mZ: cute.Tensor,
+                 mA: cute.Tensor, mB: cute.Tensor, mALog: cute.Tensor, mDtBias: cute.Tensor, mNormW: cute.Tensor,
+                 mState: cute.Tensor, mSlots: cute.Tensor, mSync: cute.Tensor, mOut: cute.Tensor,
+                 eps: cutlass.Float32, stream: cuda.CUstream):
+        hv = cute.size(mALog, mode=[0])
+        b = cute.size(mSlots, mode=[0])
+        self.kernel(mX, mConvState, mConvW, mZ, mA, mB, mALog, mDtBias, mNormW, mState, mSlots, mSync, mOut,
+                    eps).launch(grid=(self.splits, hv, b), block=(self.threads, 1, 1), cluster=(self.splits, 1, 1),
+                                stream=stream)
+
+    def lane_layout(self, split, warp, lane):
+        """(rg, cwi, row0, col_chunk) of a compute thread (plain ints or DSL Int32): row group, chunk in
+        the warp, first of its `rows` state rows, and its 4-column chunk within dv."""
+        cwi = lane % self.cpw
+        rg = lane // self.cpw
+        return rg, cwi, rg * self.rows, split * (self.cols // COLS) + warp * self.cpw + cwi
+
+    def qk_source(self, rg, i):
+        """The lane whose conv output holds raw q of row rows*rg + i (k: that lane + 16), element i % 8."""
+        return (self.rows // VEC) * rg + i // VEC
+
+    @staticmethod
+    def qk_chunk(kh, lane, hk):
+        """The 8-channel chunk of x convolved by `lane`: q of key head kh (lanes 0-15), then its k (16-31)."""
+        half = 128 // VEC
+        return kh * half + lane + (lane // half) * ((hk - 1) * half)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mConvState: cute.Tensor, mConvW: cute.Tensor, mZ: cute.Tensor,
+               mA: cute.Tensor, mB: cute.Tensor, mALog: cute.Tensor, mDtBias: cute.Tensor, mNormW: cute.Tensor,
+               mState: cute.Tensor, mSlots: cute.Tensor, mSync: cute.Tensor, mOut: cute.Tensor,
+               eps: cutlass.Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        split, head, seq = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        dk, dv, rows, nw, ns, taps = self.dk, self.dv, self.rows, self.warps, self.splits, self.width - 1
+        if cutlass.const_expr(ns > 1):
+            cute.arch.cluster_arrive_relaxed()  # phase 0: every CTA of the cluster has started
+        hv = cute.size(mALog, mode=[0])
+        hk = (cute.size(mX, mode=[1]) - hv * dv) // (2 * dk)
+        kh = head // (hv // hk)
+        a_log = mALog[head]
+        dt_bias = mDtBias[head]
+        slot = mSlots[seq]
+        half = dk // VEC  # lanes per 128 q (or k) channels
+        qk_chunk = self.qk_chunk(kh, lane, hk)
+        rg, cwi, row0, col_chunk = self.lane_layout(split, warp, lane)
+        v_chunk = (2 * hk * dk + head * dv) // COLS + col_chunk  # the same columns' v channels (4 per chunk)
+
+        smem = cutlass.memory.SmemAllocator()
+        sSsq = smem.allocate_tensor(cutlass.Float32, cute.make_layout((ns * nw,)), byte_alignment=16)
+
+        gS = mState[slot * hv + head, None, None]
+        rS = cute.make_rmem_tensor((COLS, rows), cutlass.Float32)
+        rTqk = cute.make_rmem_tensor((VEC, taps), cutlass.BFloat16)
+        rWqk = cute.make_rmem_tensor((VEC, taps + 1), cutlass.BFloat16)
+        rTv = cute.make_rmem_tensor((COLS, taps), cutlass.BFloat16)
+        rWv = cute.make_rmem_tensor((COLS, taps + 1), cutlass.BFloat16)
+        rNw = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
+        gXqk = cute.zipped_divide(mX[seq, None], (VEC,))[None, qk_chunk]
+
+        # 1. Before the PDL wait: everything that the previous kernel does not write.
+        if warp < nw:
+            for i in cutlass.range_constexpr(rows):
+                cute.autovec_copy(cute.zipped_divide(gS[row0 + i, None], (COLS,))[None, col_chunk], rS[None, i])
+            for t in cutlass.range_constexpr(taps):
+                cute.autovec_copy(cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk], rTqk[None, t])
+                cute.autovec_copy(cute.zipped_divide(mConvState[slot, t, None], (COLS,))[None, v_chunk], rTv[None, t])
+            for t in cutlass.range_constexpr(taps + 1):
+                cute.autovec_copy(cute.zipped_divide(mConvW[t, None], (VEC,))[None, qk_chunk], rWqk[None, t])
+                cute.autovec_copy(cute.zipped_divide(mConvW[t, None], (COLS,))[None, v_chunk], rWv[None, t])
+            cute.autovec_copy(cute.zipped_divide(mNormW, (COLS,))[None, col_chunk], rNw)
+        else:
+            for t in cutlass.range_constexpr(1, taps):
+                cute.autovec_copy(cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk], rTqk[None, t])
+        if cutlass.const_expr(ns > 1):
+            cute.arch.cluster_wait()
+        # PDL: the slot, this layer's states and conv window were written before the previous kernel
+        # started; x, z, a, b come from it.
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
+
+        rXqk = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
+        if warp < nw:
+            # 2. The inputs of this step (one round trip), the q/k conv + SiLU, l2norm scales and q.k.
+            cute.autovec_copy(gXqk, rXqk)
+            rXv = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
+            cute.autovec_copy(cute.zipped_divide(mX[seq, None], (COLS,))[None, v_chunk], rXv)
+            rZ = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
+            cute.autovec_copy(cute.zipped_divide(mZ[seq, None], (COLS,))[None, head * (dv // COLS) + col_chunk], rZ)
+            a_in = mA[seq, head].to(cutlass.Float32)
+            b_in = mB[seq, head].to(cutlass.Float32)
+            acc = rXqk.load().to(cutlass.Float32) * rWqk[None, taps].load().to(cutlass.Float32)
+            for t in cutlass.range_constexpr(taps):
+                acc = acc + rTqk[None, t].load().to(cutlass.Float32) * rWqk[None, t].load().to(cutlass.Float32)
+            # This warp has read the q/k window: tell the window warp (barrier 1, no waiting here).
+            cute.arch.barrier_arrive(barrier_id=1, number_of_threads=self.threads)
+            acc = _silu(acc)
+            rC = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+            rC.store(acc)
+            ss = (acc * acc).reduce(cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0)
+            dot = cutlass.Float32(0.0)
+            for e in cutlass.range_constexpr(VEC):
+                dot = dot + rC[e] * cute.arch.shuffle_sync_bfly(rC[e], offset=half)
+            # Raw q and k of this lane's rows: row r lives in lane r // 8 (q) or 16 + r // 8 (k), element r % 8.
+            rQr = cute.make_rmem_tensor((rows,), cutlass.Float32)
+            rKr = cute.make_rmem_tensor((rows,), cutlass.Float32)
+            for i in cutlass.range_constexpr(rows):
+                src = self.qk_source(rg, i)
+                rQr[i] = cute.arch.shuffle_sync(rC[i % VEC], offset=src)
+                rKr[i] = cute.arch.shuffle_sync(rC[i % VEC], offset=src + half)
+            ss = _bfly_sum(ss, (1, 2, 4, 8))  # within each 16-lane half
+            dot = _bfly_sum(dot, (1, 2, 4, 8))
+            ss_other = cute.arch.shuffle_sync_bfly(ss, offset=half)
+            qq = ss
+            kk = ss_other
+            if lane >= half:
+                qq = ss_other
+                kk = ss
+            q_scale = cute.math.rsqrt(qq + L2_EPS, fastmath=False) * (dk ** -0.5)
+            k_scale = cute.math.rsqrt(kk + L2_EPS, fastmath=False)
+            qk = dot * q_scale * k_scale
+
+            # 3. Raw k^T S and q^T S for this thread's 4 columns over its rows, then over the row groups.
+            acc_k = rS[None, 0].load() * rKr[0]
+            acc_q = rS[None, 0].load() * rQr[0]
+            for i in cutlass.range_constexpr(1, rows):
+                s_row = rS[None, i].load()
+                acc_k = acc_k + s_row * rKr[i]
+                acc_q = acc_q + s_row * rQr[i]
+            rAk = cute.make_rmem_tensor((COLS,), cutlass.Float32)
+            rAq = cute.make_rmem_tensor((COLS,), cutlass.Float32)
+            rAk.store(acc_k)
+            rAq.store(acc_q)
+            for e in cutlass.range_constexpr(COLS):
+                rAk[e] = _bfly_sum(rAk[e], self.row_offsets)
+                rAq[e] = _bfly_sum(rAq[e], self.row_offsets)
+
+            # 4. Gates, v, u, o and this warp's partial sum of o^2.
+            x = a_in + dt_bias
+            softplus = cute.math.max(x, cutlass.Float32(0.0)) + cute.math.log1p(
+                cute.math.exp(-cute.math.abs(x), fastmath=False), fastmath=False)
+            decay = cute.math.exp(-cute.math.exp(a_log, fastmath=False) * softplus, fastmath=False)
+            beta = 1.0 / (1.0 + cute.math.exp(-b_in, fastmath=False))
+            v = rXv.load().to(cutlass.Float32) * rWv[None, taps].load().to(cutlass.Float32)
+            for t in cutlass.range_constexpr(taps):
+                v = v + rTv[None, t].load().to(cutlass.Float32) * rWv[None, t].load().to(cutlass.Float32)
+            v = _silu(v)
+            u = (v - (rAk.load() * k_scale) * decay) * beta
+            o = (rAq.load() * q_scale) * decay + u * qk
+            ssq = (o * o).reduce(cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0)
+            ssq = _bfly_sum(ssq, self.col_offsets)
+            if cutlass.const_expr(ns > 1):
+                if lane < ns:
+                    _st_cluster_f32((sSsq.iterator + split * nw + warp).toint(), lane, ssq)
+                cute.arch.cluster_arrive()  # release: the partials; no global store is in flight yet
+            else:
+                if lane == 0:
+                    sSsq[warp] = ssq
+
+            # 5. Delta rule on this thread's entries, written back once; the v window shift.
+            for i in cutlass.range_constexpr(rows):
+                rS[None, i].store(rS[None, i].load() * decay + u * (rKr[i] * k_scale))
+                cute.autovec_copy(rS[None, i], cute.zipped_divide(gS[row0 + i, None], (COLS,))[None, col_chunk])
+            if rg == 0:
+                for t in cutlass.range_constexpr(taps - 1):
+                    cute.autovec_copy(rTv[None, t + 1],
+                                      cute.zipped_divide(mConvState[slot, t, None], (COLS,))[None, v_chunk])
+                cute.autovec_copy(rXv, cute.zipped_divide(mConvState[slot, taps - 1, None], (COLS,))[None, v_chunk])
+
+            # 6. The sum of o^2 over dv (same order in every CTA) and the gated RMSNorm output.
+            if cutlass.const_expr(ns > 1):
+                cute.arch.cluster_wait()
+            else:
+                cute.arch.barrier(barrier_id=2, number_of_threads=32 * nw)
+            total = sSsq[0]
+            for r in cutlass.range_constexpr(1, ns * nw):
+                total = total + sSsq[r]
+            if rg == 0:
+                scale = cute.math.rsqrt(total / dv + eps, fastmath=False)
+                rY = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
+                rY.store((o * scale * rNw.load().to(cutlass.Float32) * _silu(rZ.load().to(cutlass.Float32)))
+                         .to(cutlass.BFloat16))
+                cute.autovec_copy(rY, cute.zipped_divide(mOut[seq, None], (COLS,))[None, head * (dv // COLS)
+                                                                                      + col_chunk])
+        else:
+            # The window warp: once every compute warp of the CTA has read the q/k window (barrier 1),
+            # count the CTA; the last of the key head's readers writes the shifted window.
+            if cutlass.const_expr(ns > 1):
+                cute.arch.cluster_arrive_relaxed()  # this warp publishes nothing to the cluster
+            cute.arch.barrier(barrier_id=1, number_of_threads=self.threads)
+            arrived = cutlass.Int32(0)
+            if lane == 0:
+                arrived = _atom_inc_release((mSync.iterator + seq * hk + kh).toint(), (hv // hk) * ns - 1)
+            cute.autovec_copy(gXqk, rXqk)
+            arrived = cute.arch.shuffle_sync(arrived, 0)
+            if arrived == (hv // hk) * ns - 1:  # the counter is back at 0
+                cute.arch.fence_acq_rel_gpu()  # acquire: after every other reader's (released) count
+                for t in cutlass.range_constexpr(taps - 1):
+                    cute.autovec_copy(rTqk[None, t + 1],
+                                      cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk])
+                cute.autovec_copy(rXqk, cute.zipped_divide(mConvState[slot, taps - 1, None], (VEC,))[None, qk_chunk])
+            if cutlass.const_expr(ns > 1):
+                cute.arch.cluster_wait()

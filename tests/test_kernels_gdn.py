@@ -70,6 +70,49 @@ def test_conv_tap_major_layout_matches_reference():
     np.testing.assert_array_equal(new_st, ref_st.T)
 
 
+# --- the default fused kernel's thread layout (pure index math, no GPU) ---------------------------
+
+
+CONV_STEP_CONFIGS = [v.config for v in GDN_VARIANTS if v.cls == "GdnConvStep"]
+
+
+@pytest.mark.parametrize("config", CONV_STEP_CONFIGS, ids=lambda c: f"s{c['splits']}t{c['threads']}")
+def test_conv_step_lane_layout_covers_the_state_once(config):
+    """Every (row, 4-column chunk) of a head's state belongs to exactly one (CTA, compute warp, lane,
+    row) of GdnConvStep; the butterfly offsets reduce over exactly the lanes of one chunk (rows) or
+    of one row group (columns); the shuffle sources hold each lane's raw q/k rows; lanes 0-15 / 16-31
+    convolve the key head's q / k chunks."""
+    gdn_step = pytest.importorskip("cute_kernels.gdn_step", reason="CuTe DSL not installed")
+    k = gdn_step.GdnConvStep(**config)
+    assert config["threads"] == 32 * (k.warps + 1)
+    owner = np.zeros((128, 32), np.int32)  # [row, 4-column chunk]
+    for split in range(k.splits):
+        for warp in range(k.warps):
+            for lane in range(32):
+                rg, cwi, row0, chunk = k.lane_layout(split, warp, lane)
+                owner[row0: row0 + k.rows, chunk] += 1
+                same_chunk = {lane ^ m for m in _xor_span(k.row_offsets)}
+                assert same_chunk == {r * k.cpw + cwi for r in range(k.lpc)}
+                same_rows = {lane ^ m for m in _xor_span(k.col_offsets)}
+                assert same_rows == {rg * k.cpw + c for c in range(k.cpw)}
+                for i in range(k.rows):
+                    src = k.qk_source(rg, i)
+                    assert 0 <= src < 16 and 8 * src + i % 8 == row0 + i
+    np.testing.assert_array_equal(owner, 1)
+    hk = 16
+    for kh in (0, 5, hk - 1):
+        chunks = [k.qk_chunk(kh, lane, hk) for lane in range(32)]
+        assert chunks == [kh * 16 + i for i in range(16)] + [(hk + kh) * 16 + i for i in range(16)]
+
+
+def _xor_span(offsets) -> set[int]:
+    """All lane xor-masks reachable by a butterfly over `offsets`."""
+    masks = {0}
+    for o in offsets:
+        masks |= {m ^ o for m in masks}
+    return masks
+
+
 # --- builds and manifests -----------------------------------------------------------------------
 
 

@@ -1,15 +1,18 @@
 """GDN decode step benchmark at the 27B shape (Hk 16, Hv 48, dk = dv = 128), against the device copy
 bandwidth of the same run.
 
-    python tools/bench_gdn_step.py [--batch 1 4] [--layers 48] [--reps 20] [--out bench_gdn_step.json]
+    python tools/bench_gdn_step.py [--batch 1 4] [--layers 48] [--reps 20] [--no-pdl] [--out bench_gdn_step.json]
 
-Cases: `old` = gdn_conv + gdn_step (two launches per layer, what the executor runs today),
-`gdn_step` alone, and every fused `gdn_conv_step*` variant (one launch per layer). Each case
-captures `layers` back-to-back layer launches into a CUDA graph, every layer with its own fp32 state
-(3 MiB per sequence), conv window and conv weights, so no layer finds its state in L2 (48 x 3 MiB
-> the 50 MiB L2), as in decode. Time = median over replays of (graph time / layers), between events.
-Bytes per layer = state read + written + the conv window, activations and conv weights; "% copy"
-divides that rate by a 1 GiB device-to-device copy (bytes read + written) timed in the same run.
+Cases: `old` = gdn_conv + gdn_step (two launches per layer), `gdn_step` alone, and every fused
+`gdn_conv_step*` variant (one launch per layer; `gdn_conv_step` is the default the executor runs,
+`gdn_conv_step_v1` the first fused kernel, for A/B). The fused kernels are launched with PDL as in
+the executor (each one starts while its predecessor drains; `--no-pdl` serialises them); gdn_conv
+and gdn_step do not use PDL. Each case captures `layers` back-to-back layer launches into a CUDA
+graph, every layer with its own fp32 state (3 MiB per sequence), conv window and conv weights, so
+no layer finds its state in L2 (48 x 3 MiB > the 50 MiB L2), as in decode. Time = median over
+replays of (graph time / layers), between events. Bytes per layer = state read + written + the
+conv window, activations and conv weights; "% copy" divides that rate by a 1 GiB device-to-device
+copy (bytes read + written) timed in the same run.
 Cubins come from $INFERNO_KERNEL_DIR (inferno kernels build --arch sm_90a --out DIR).
 """
 
@@ -146,11 +149,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--no-pdl", action="store_true", help="launch the fused kernels without PDL")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
     device = Device.open()
     stream = Stream.create()
+    stream.pdl = not args.no_pdl  # only PDL-capable kernels (the fused ones) launch early
     fused = [v.name for v in GDN_VARIANTS if v.op == "gdn_conv_step"]
     launchers: dict = {"gdn_conv": GdnConv.for_device(device), "gdn_step": GdnStep.for_device(device)}
     for name in fused:
@@ -159,7 +164,7 @@ def main() -> None:
         except Exception as e:  # a variant missing from the kernel dir is reported, not fatal
             log(f"skip {name}: {e}")
     copy = copy_bandwidth(stream)
-    log(f"copy bandwidth {copy:.0f} GB/s")
+    log(f"copy bandwidth {copy:.0f} GB/s; fused kernels {'without' if args.no_pdl else 'with'} PDL")
     rng = np.random.default_rng(0)
     rows = []
     for nb in args.batch:
@@ -189,7 +194,7 @@ def main() -> None:
         print(f"| {r['batch']} | `{r['case']}` | {r['us_per_layer']:.2f} | {r['us_per_step_48']:.0f} | {r['gb_s']:.0f} "
               f"| {r['pct_copy']:.1f} | {r['vs_old'] or ''} |")
     if args.out:
-        args.out.write_text(json.dumps(dict(copy_gb_s=round(copy, 1), rows=rows), indent=1))
+        args.out.write_text(json.dumps(dict(copy_gb_s=round(copy, 1), pdl=not args.no_pdl, rows=rows), indent=1))
     stream.close()
 
 

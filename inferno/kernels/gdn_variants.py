@@ -4,7 +4,8 @@
   gdn_conv         causal depthwise conv1d (kernel 4) update + SiLU with the conv-state shift
   gdn_step         gates + q/k l2norm + gated delta-rule step on the fp32 state + gated RMSNorm
   gdn_conv_step*   both in one launch, dv split over a cluster of `splits` CTAs per head
-                   (gdn_conv_step: splits 4; _s1, _s2, _s8 the alternatives for benchmarks)
+                   (gdn_conv_step: splits 4; _s1, _s2, _s8 the alternatives for benchmarks;
+                   _v1: the first fused kernel, GdnConvStepRows, kept for A/B)
 
 Device layouts (docs/kernels-gdn.md): conv state [slots, K-1, conv_dim] bf16 tap-major (oldest
 first), conv weight [K, conv_dim] bf16 tap-major, recurrent state [slots, Hv, dk, dv] fp32;
@@ -38,10 +39,10 @@ HEAD_DIM = 128  # dk = dv for every Qwen3.5 GDN layer
 STEP_WARPS = 8
 
 
-def _conv_step(name: str, splits: int, threads: int) -> Variant:
+def _conv_step(name: str, splits: int, threads: int, cls: str = "GdnConvStep") -> Variant:
     """The fused conv + step kernel with dv split over `splits` CTAs (one cluster) per head."""
     return Variant(
-        name=name, op="gdn_conv_step", source="cute_kernels.gdn_step", cls="GdnConvStep",
+        name=name, op="gdn_conv_step", source="cute_kernels.gdn_step", cls=cls,
         config=dict(splits=splits, threads=threads, head_k=HEAD_DIM, head_v=HEAD_DIM, width=CONV_WIDTH),
         args=(Tensor("x", "bf16", ("B", "C"), ("x_stride", 1)),
               Tensor("conv_state", "bf16", ("NS", CONV_WIDTH - 1, "C"), ("st_slot_stride", "st_tap_stride", 1)),
@@ -97,10 +98,11 @@ GDN_VARIANTS: tuple[Variant, ...] = (
         divisibility={"Cq": 8, "Z": 8, "qkv_stride": 8, "z_stride": 8, "out_stride": 8},
         summary="GDN decode step: gates + q/k l2norm + delta rule on the fp32 state + gated RMSNorm",
     ),
-    _conv_step("gdn_conv_step", 4, 128),
-    _conv_step("gdn_conv_step_s1", 1, 256),
-    _conv_step("gdn_conv_step_s2", 2, 256),
-    _conv_step("gdn_conv_step_s8", 8, 128),
+    _conv_step("gdn_conv_step", 1, 288),  # fastest on the H200 at batch 1 (3.4 us per 27B layer, 2026-11-29)
+    _conv_step("gdn_conv_step_s4", 4, 160),
+    _conv_step("gdn_conv_step_s2", 2, 288),
+    _conv_step("gdn_conv_step_s8", 8, 96),
+    _conv_step("gdn_conv_step_v1", 4, 128, "GdnConvStepRows"),
 )
 
 

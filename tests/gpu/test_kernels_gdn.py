@@ -445,6 +445,75 @@ def test_conv_step_graph_replays(device, bufs, rng):
     assert not fails, "; ".join(fails)
 
 
+def test_conv_step_back_to_back_layers(device, fused, bufs, rng):
+    """Each fused variant as the executor runs it: several layers (own conv weights, windows and states,
+    one shared `sync` buffer) launched back to back with PDL into one CUDA graph, replayed for several
+    tokens; every layer's output, state and conv window against the reference."""
+    from inferno.cuda.graph import Graph
+    from inferno.cuda.stream import Stream
+
+    hk, hv, slots, eps, layers, tokens = 16, 48, [4, 1], 1e-6, 3, 2
+    nb, c, zw = len(slots), 2 * hk * D + hv * D, hv * D
+    a_log, dt_bias = _gates(rng, hv)
+    w = (1 + 0.2 * rng.standard_normal(D, np.float32)).astype(bf16)
+    x = rng.standard_normal((nb, c), np.float32).astype(bf16)
+    z = rng.standard_normal((nb, zw), np.float32).astype(bf16)
+    ab = rng.standard_normal((nb, 2 * hv), np.float32).astype(bf16)
+    conv_w = [(0.5 * rng.standard_normal((4, c), np.float32)).astype(bf16) for _ in range(layers)]
+    conv_st = [rng.standard_normal((N_SLOTS, 3, c), np.float32).astype(bf16) for _ in range(layers)]
+    state = [(0.1 * rng.standard_normal((N_SLOTS, hv, D, D), np.float32)).astype(np.float32) for _ in range(layers)]
+    dx, dz, dab = bufs.up(x, "x"), bufs.up(z, "z"), bufs.up(ab, "ab")
+    db = dab.view(hv * 2, dab.nbytes - hv * 2, "b")
+    shared = (bufs.up(a_log, "a_log"), bufs.up(dt_bias, "dt_bias"), bufs.up(w, "norm_w"))
+    dslots, dsync = bufs.up(np.array(slots, np.int32), "slots"), bufs.up(np.zeros(nb * hk, np.int32), "sync")
+    dconv_w = [bufs.up(cw, f"conv_w{i}") for i, cw in enumerate(conv_w)]
+    dconv_st = [bufs.up(cs, f"conv_state{i}") for i, cs in enumerate(conv_st)]
+    dstate = [bufs.up(st, f"state{i}") for i, st in enumerate(state)]
+    dout = [bufs.poisoned(nb * zw * 2, f"out{i}") for i in range(layers)]
+    stream = Stream.create()
+    stream.pdl = True
+    try:
+        with Graph.capture(stream) as g:
+            for i in range(layers):
+                fused(dx, dconv_st[i], dconv_w[i], dz, dab, db, *shared, dstate[i], dslots, dsync, dout[i], nb, hk,
+                      hv, N_SLOTS, eps, a_stride=2 * hv, b_stride=2 * hv, stream=stream)
+        ge = g.instantiate()
+        for _ in range(tokens):
+            ge.launch(stream)
+        stream.synchronize()
+        ge.close()
+        g.close()
+    finally:
+        stream.close()
+    sync, _ = Bufs.read(dsync, np.int32, (nb * hk,))
+    fails = [] if not np.any(sync) else [f"sync counters not back to zero: {sync.tolist()}"]
+    for layer in range(layers):
+        out, out_guard = Bufs.read(dout[layer], bf16, (nb, zw))
+        new_state, _ = Bufs.read(dstate[layer], np.float32, state[layer].shape)
+        new_conv, _ = Bufs.read(dconv_st[layer], bf16, conv_st[layer].shape)
+        if not out_guard:
+            fails.append(f"layer {layer}: out guard tail written")
+        for i, s in enumerate(slots):
+            win, st = _f32(conv_st[layer][s]), state[layer][s].copy()
+            for _ in range(tokens):
+                co, cs = causal_conv(_f32(x[i])[None], win.T, _f32(conv_w[layer]).T)
+                win = cs.T
+                ref_out, st = _ref_step(silu(co[0]), z[i], ab[i, :hv], ab[i, hv:], a_log, dt_bias, w, st, hk, hv,
+                                        eps)
+            for what, got, want, tol in (("out", out[i], ref_out, OUT_TOL),
+                                         ("state", new_state[s], st, tokens * STATE_TOL)):
+                rel, line = _report(f"{fused.name} layer {layer} x{tokens} slot {s}: {what}", got, want)
+                if rel > tol:
+                    fails.append(line)
+            if not np.array_equal(new_conv[s].view(np.uint16), win.astype(bf16).view(np.uint16)):
+                fails.append(f"layer {layer} slot {s}: conv window differs from the reference")
+        for s in set(range(N_SLOTS)) - set(slots):
+            if not (np.array_equal(new_state[s].view(np.uint32), state[layer][s].view(np.uint32)) and
+                    np.array_equal(new_conv[s].view(np.uint16), conv_st[layer][s].view(np.uint16))):
+                fails.append(f"layer {layer}: slot {s} is not in the batch but its state changed")
+    assert not fails, "; ".join(fails)
+
+
 # --- time per step (graph-captured, each launch on a different state so L2 does not help) --------
 
 
