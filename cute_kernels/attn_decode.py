@@ -1,10 +1,11 @@
 """Gated attention decode over the paged KV cache: split-K partials, then a gated combine.
 
-AttnDecodePipelined (the default) and AttnDecode (the previous kernel, kept as a baseline): one
-CTA per (split s, kv head g, sequence b), 8 warps. The sequence's n = cdiv(lens[b], 64) pages are
+AttnDecodeMma (the default: QK^T and PV on tensor cores, see its docstring), AttnDecodePipelined
+(the previous default) and AttnDecode (the one before, kept as a baseline): one CTA per
+(split s, kv head g, sequence b), 8 warps. The sequence's n = cdiv(lens[b], 64) pages are
 cut into S splits of pps = cdiv(n, S) pages; CTA s walks pages s*pps .. min(n, (s+1)*pps) - 1 in
 blocks of T tokens (CTAs past the end do nothing). The G query heads of kv head g share every K/V
-read, so each KV byte is read once. Per block:
+read, so each KV byte is read once. AttnDecodePipelined and AttnDecode, per block:
 
     1. QK: thread t takes token t // (256/T) and its 16-byte K chunks t % (256/T) + i * 256/T
        (a warp reads whole 128- or 64-byte runs of each row), widens each chunk to fp32 once,
@@ -22,7 +23,8 @@ AttnDecode loads each block's K (then V) from global memory straight into regist
 one block's K or V in flight at a time; AttnDecodePipelined double-buffers K and V in shared
 memory with cp.async (see its docstring).
 
-AttnCombine: one CTA per (query head, sequence) merges the used splits,
+AttnCombine (AttnCombineOnline, the default, in one pass): one CTA per (query head, sequence)
+merges the used splits,
 
     o = sum_s 2^(lse_s - M) part_o_s / sum_s 2^(lse_s - M),   M = max_s lse_s,
 
@@ -37,7 +39,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warp
 
 HEAD_DIM = 256
 PAGE = 64
@@ -59,6 +61,15 @@ def _warp_max(x):
     for i in range(5):
         x = cute.math.max(x, cute.arch.shuffle_sync_bfly(x, offset=1 << i))
     return x
+
+
+def _rows_cols(t: cute.Tensor) -> cute.Tensor:
+    """An mma.sync C fragment ((2, 2), MMA_M, MMA_N) viewed as [rows, cols] of this thread (rows g and
+    g + 8 of each m16 tile, two adjacent columns of each n8 tile)."""
+    lay = cute.make_layout(t.layout.shape)
+    rc = cute.make_layout(((lay.shape[0][1], lay.shape[1]), (lay.shape[0][0], lay.shape[2])),
+                          stride=((lay.stride[0][1], lay.stride[1]), (lay.stride[0][0], lay.stride[2])))
+    return cute.make_tensor(t.iterator, cute.composition(t.layout, rc))
 
 
 def _pages(length, splits, split):
@@ -433,6 +444,290 @@ class AttnDecodePipelined:
                 cute.arch.sync_threads()
 
 
+M_ROWS = 16  # mma.sync M: row h < G holds bf16 hi(q_h) (and P_h), row 8 + h the bf16 remainder lo
+Q_STRIDE = HEAD_DIM + 8  # bf16 q rows 528 bytes apart: ldmatrix rows hit distinct 16-byte bank slots
+P_STRIDE = 40  # bf16 P rows 80 bytes apart (same reason)
+D_PARTS = 4  # QK: the 256 dims in 4 quarters of 64, one per warp pair
+
+
+class AttnDecodeMma:
+    """Split-K decode attention partials on tensor cores (mma.sync m16n8k16, bf16 in, fp32 acc).
+
+    Same grid, work split, K/V pipeline (`stages` cp.async stages of 32 tokens, default two, all
+    issued up front and each refilled with block i + stages as soon as block i is done;
+    128B-swizzled so that ldmatrix is conflict-free; rows past lens zero-filled) and outputs as
+    `AttnDecodePipelined`. The m16 A operand holds head h < G in row h as bf16 hi and in row 8 + h
+    as the bf16 remainder lo (rows 8..15 would be padding anyway), for q once per CTA (kept as
+    fragments) and for P every block, so q and P keep ~16 significant bits at no extra mma.
+    Per block of 32 tokens:
+
+        1. S = Q K^T: warp w computes the 16 x 16 tile of tokens 16 (w % 2).. and dims quarter
+           w // 2 (4 k-steps, K fragments by ldmatrix from the stage), adds rows g and g + 8 (hi
+           and lo, same thread) and writes its 8 x 16 partial scores to smem.
+        2. Online softmax (base 2, fp32): warp h < G sums the 4 quarters of head h's 32 scores,
+           scales by scale * log2 e, masks tokens past lens, updates m and l (fp32 p) and writes
+           P = exp2(s - m) as bf16 hi / lo rows to smem.
+        3. O = alpha O + P V: warps 2p and 2p + 1 share the 64 dims 64p.. (one swizzle atom column
+           of V), warp 2p + j owning their n8 tiles j, j + 2, j + 4, j + 6 (acc 16 x 32 fp32, 16
+           registers per thread; a 2-warp tiled MMA splits them), P by ldmatrix, V^T by
+           ldmatrix.trans from the stage (2 k-steps).
+
+    No cross-warp reduction of O: each warp writes its own dims of part_o = (O[h] + O[8 + h]) / l.
+    Smem sub-tiles are only ever sliced at whole swizzle atoms: the CuTe DSL (4.8.1) lowers a slice
+    inside an atom with its offset counted twice (tests/test_kernels_attn_ptx.py checks the PTX)."""
+
+    def __init__(self, group: int, block: int = 32, ctas_per_sm: int = 2, stages: int = 2):
+        if not 1 <= group <= WARPS:
+            raise ValueError(f"group must be 1..{WARPS} (one softmax warp per query head)")
+        if block != 32:
+            raise ValueError("block must be 32 tokens (2 token halves x 4 dim quarters = 8 warps)")
+        if not 2 <= stages <= 4:
+            raise ValueError("stages must be 2..4")
+        self.group = group
+        self.block = block
+        self.ctas_per_sm = ctas_per_sm
+        self.stages = stages
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mLens: cute.Tensor, mPT: cute.Tensor, mKV: cute.Tensor,
+                 mPO: cute.Tensor, mPL: cute.Tensor, scale: cutlass.Float32, stream: cuda.CUstream):
+        T = self.block
+        dt = cutlass.BFloat16
+        splits = cute.size(mPL, mode=[2])
+        hkv = cute.size(mQ, mode=[1]) // self.group
+        b = cute.size(mQ, mode=[0])
+        # 8 rows x 64 columns (128 bytes) per swizzle atom; [token, dim, stage].
+        atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
+        sKV_layout = cute.tile_to_shape(atom, (T, HEAD_DIM, self.stages), (0, 1, 2))
+
+        @cute.struct
+        class SharedStorage:
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKV_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, M_ROWS * Q_STRIDE], 16]
+            sP: cute.struct.Align[cute.struct.MemRange[dt, M_ROWS * P_STRIDE], 16]
+            sS: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, D_PARTS * WARPS * T], 16]
+            sAlpha: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, WARPS], 16]
+            sM: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, WARPS], 16]
+            sL: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, WARPS], 16]
+
+        # 16-byte cp.async: 8 threads span one 128-byte atom row, 32 rows per pass.
+        g2s = cute.make_tiled_copy_tv(
+            cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128),
+            cute.make_layout((THREADS // 8, 8), stride=(8, 1)), cute.make_layout((1, 8)))
+        # QK: one warp per tiled MMA, every warp on its own sub-tile (whole swizzle atoms apart).
+        tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(dt, cutlass.Float32, (16, 8, 16)), (1, 1, 1),
+                                        permutation_mnk=(16, 16, 16))
+        # PV: a warp pair shares one 64-dim atom column of V, split by the thread partition (warp
+        # 2p + j gets the n8 tiles j, j + 2, ..), never by slicing inside a swizzle atom (see kernel).
+        tiled_mma_o = cute.make_tiled_mma(warp.MmaF16BF16Op(dt, cutlass.Float32, (16, 8, 16)), (1, 2, 1),
+                                          permutation_mnk=(16, 64, 16))
+        self.kernel(mQ, mLens, mPT, mKV, mPO, mPL, scale, sKV_layout, g2s, tiled_mma, tiled_mma_o,
+                    SharedStorage).launch(
+            grid=(splits, hkv, b), block=(THREADS, 1, 1), stream=stream,
+            min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=-1,
+        )
+
+    @cute.jit
+    def _issue(self, g2s: cute.TiledCopy, mKV: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, coord: cute.Tensor,
+               stage, page, blk, length, hkv, kvh, tidx):
+        """cp.async the K and V rows < length of block `blk` (in page `page`) into stage `stage`;
+        the other rows of the stage are zero-filled (a V row times P = 0 must not be NaN)."""
+        T = self.block
+        per_page = PAGE // T
+        valid = length - blk * T
+        thr = g2s.get_slice(tidx)
+        tile_k = (page * 2 * hkv + kvh) * per_page + blk % per_page  # K rows of the block / T
+        for kv in cutlass.range_constexpr(2):
+            src = thr.partition_S(cute.local_tile(mKV, (T, HEAD_DIM), (tile_k + kv * hkv * per_page, 0)))
+            dst = thr.partition_D((sK, sV)[kv][None, None, stage])
+            for m in cutlass.range_constexpr(cute.size(dst.shape[1])):
+                if coord[0, m, 0][0] < valid:
+                    cute.copy(g2s, src[None, m, None], dst[None, m, None])
+                else:
+                    dst[None, m, None].fill(0)
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mLens: cute.Tensor, mPT: cute.Tensor, mKV: cute.Tensor,
+               mPO: cute.Tensor, mPL: cute.Tensor, scale: cutlass.Float32, sKV_layout: cute.ComposedLayout,
+               g2s: cute.TiledCopy, tiled_mma: cute.TiledMma, tiled_mma_o: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        dt = cutlass.BFloat16
+        tidx, _, _ = cute.arch.thread_idx()
+        split, kvh, seq = cute.arch.block_idx()
+        wid = tidx // 32
+        lane = tidx % 32
+        G, T = self.group, self.block
+        per_page = PAGE // T
+        hkv = cute.size(mQ, mode=[1]) // G
+        cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
+        cute.arch.griddepcontrol_launch_dependents()
+        length = mLens[seq]
+        p_begin, p_end, _ = _pages(length, cute.size(mPL, mode=[2]), split)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sK = storage.sK.get_tensor(sKV_layout)  # [token, dim, stage]
+        sV = storage.sV.get_tensor(sKV_layout)
+        sVt = cute.composition(sV, cute.make_layout((HEAD_DIM, T, self.stages),
+                                                    stride=(T, 1, T * HEAD_DIM)))  # [dim, token, stage]
+        sQ = storage.sQ.get_tensor(cute.make_layout((M_ROWS, HEAD_DIM), stride=(Q_STRIDE, 1)))
+        sP = storage.sP.get_tensor(cute.make_layout((M_ROWS, T), stride=(P_STRIDE, 1)))
+        sS = storage.sS.get_tensor(cute.make_layout((D_PARTS, WARPS, T), stride=(WARPS * T, T, 1)))
+        sAlpha = storage.sAlpha.get_tensor(cute.make_layout((WARPS,)))
+        sM = storage.sM.get_tensor(cute.make_layout((WARPS,)))
+        sL = storage.sL.get_tensor(cute.make_layout((WARPS,)))
+
+        if p_begin < p_end:
+            b_begin = p_begin * per_page
+            b_end = cutlass.min(p_end * per_page, (length + T - 1) // T)
+            coord = g2s.get_slice(tidx).partition_S(cute.make_identity_tensor((T, HEAD_DIM)))
+            # Blocks b_begin .. b_begin + stages - 1 go out first, one commit group each (an empty
+            # group past the last block, so that group i always holds block b_begin + i).
+            self._issue(g2s, mKV, sK, sV, coord, 0, mPT[seq, p_begin], b_begin, length, hkv, kvh, tidx)
+            cute.arch.cp_async_commit_group()
+            for st in cutlass.range_constexpr(1, self.stages):
+                if b_begin + st < b_end:
+                    self._issue(g2s, mKV, sK, sV, coord, st, mPT[seq, (b_begin + st) // per_page], b_begin + st,
+                                length, hkv, kvh, tidx)
+                cute.arch.cp_async_commit_group()
+
+            # q_h = hi + lo: bf16 hi in row h, the bf16 rounding of q - hi in row 8 + h (rows of heads
+            # >= G zero), so S row h + S row 8 + h is q . k to ~2^-17 relative. P rows of heads >= G
+            # stay zero and their alpha 1.
+            rq = cute.make_rmem_tensor((1,), cutlass.Float32)
+            rb = cute.make_rmem_tensor((1,), dt)
+            for h in cutlass.range_constexpr(WARPS):
+                if cutlass.const_expr(h < G):
+                    rq[0] = mQ[seq, kvh * G + h, tidx]
+                else:
+                    rq[0] = cutlass.Float32(0.0)
+                rb.store(rq.load().to(dt))
+                sQ[h, tidx] = rb[0]
+                rq.store(rq.load() - rb.load().to(cutlass.Float32))
+                rb.store(rq.load().to(dt))
+                sQ[WARPS + h, tidx] = rb[0]
+            rb[0] = cutlass.BFloat16(0.0)
+            for h in cutlass.range_constexpr(G, WARPS):
+                if tidx < T:
+                    sP[h, tidx] = rb[0]
+                    sP[WARPS + h, tidx] = rb[0]
+            if tidx < WARPS:
+                sAlpha[tidx] = cutlass.Float32(1.0)
+            cute.arch.sync_threads()
+
+            thr_mma = tiled_mma.get_slice(lane)
+            ld_a = cute.make_tiled_copy_A(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), dt), tiled_mma)
+            ld_b = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), dt), tiled_mma)
+            thr_ld_a, thr_ld_b = (c.get_slice(lane) for c in (ld_a, ld_b))
+            pair_t = tidx % 64  # thread of the PV warp pair
+            thr_mma_o = tiled_mma_o.get_slice(pair_t)
+            ld_p = cute.make_tiled_copy_A(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), dt), tiled_mma_o)
+            ld_vt = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(True, 4), dt), tiled_mma_o)
+            thr_ld_p, thr_ld_vt = (c.get_slice(pair_t) for c in (ld_p, ld_vt))
+
+            # QK: this warp's tokens half and dims quarter; its q fragments stay in registers.
+            tq = wid % 2
+            dq = wid // 2
+            sQw = cute.local_tile(sQ, (M_ROWS, HEAD_DIM // D_PARTS), (0, dq))
+            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQw))
+            cute.copy(ld_a, thr_ld_a.partition_S(sQw), thr_ld_a.retile(tSrQ))
+            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(
+                cute.local_tile(sK[None, None, 0], (16, HEAD_DIM // D_PARTS), (tq, dq))))
+            acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((M_ROWS, 16)), cutlass.Float32)
+            acc_S_rc = _rows_cols(acc_S)  # [(row g, row g + 8), cols]: hi and lo of one head, one thread
+            tScS = _rows_cols(thr_mma.partition_C(cute.make_identity_tensor((M_ROWS, 16))))
+            # PV: this warp's 32 of the 64 dims (atom column wid // 2) of its pair.
+            tOrP = thr_mma_o.make_fragment_A(thr_mma_o.partition_A(sP))
+            tOrVt = thr_mma_o.make_fragment_B(thr_mma_o.partition_B(
+                cute.local_tile(sVt[None, None, 0], (64, T), (wid // 2, 0))))
+            acc_O = cute.make_rmem_tensor(thr_mma_o.partition_shape_C((M_ROWS, 64)), cutlass.Float32)
+            acc_O.fill(0.0)
+            acc_O_rc = _rows_cols(acc_O)
+            tOcO = _rows_cols(thr_mma_o.partition_C(cute.make_identity_tensor((M_ROWS, 64))))
+            rp = cute.make_rmem_tensor((1,), cutlass.Float32)
+            rpb = cute.make_rmem_tensor((1,), dt)
+
+            scale_log2 = scale * LOG2E
+            m_run = cutlass.Float32(NEG_INF)
+            l_run = cutlass.Float32(0.0)
+            for blk in cutlass.range(b_begin, b_end, 1, unroll=1):
+                stage = (blk - b_begin) % self.stages
+                valid = length - blk * T
+                page_next = mPT[seq, cutlass.min(blk + self.stages, b_end - 1) // per_page]
+                cute.arch.cp_async_wait_group(self.stages - 1)  # block blk landed (later ones may be in flight)
+                cute.arch.sync_threads()
+
+                # 1. Partial S of this warp's 16 tokens over its 64 dims.
+                sKw = cute.local_tile(sK[None, None, stage], (16, HEAD_DIM // D_PARTS), (tq, dq))
+                cute.copy(ld_b, thr_ld_b.partition_S(sKw), thr_ld_b.retile(tSrK))
+                acc_S.fill(0.0)
+                for k in cutlass.range_constexpr(cute.size(tSrK.shape[2])):
+                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                    sS[dq, tScS[0, c][0], tq * 16 + tScS[0, c][1]] = acc_S_rc[0, c] + acc_S_rc[1, c]
+                cute.arch.sync_threads()
+
+                # 2. Online softmax (base 2), warp h < G for head h, lane = token.
+                if wid < G:
+                    s = sS[0, wid, lane]
+                    for part in cutlass.range_constexpr(1, D_PARTS):
+                        s = s + sS[part, wid, lane]
+                    s = s * scale_log2
+                    if lane >= valid:
+                        s = cutlass.Float32(NEG_INF)
+                    m_new = cute.math.max(m_run, _warp_max(s))
+                    alpha = cute.math.exp2(m_run - m_new, fastmath=True)
+                    p = cute.math.exp2(s - m_new, fastmath=True)
+                    rp[0] = p
+                    rpb.store(rp.load().to(dt))  # P = hi + lo as for q: rows h and 8 + h
+                    sP[wid, lane] = rpb[0]
+                    rp.store(rp.load() - rpb.load().to(cutlass.Float32))
+                    rpb.store(rp.load().to(dt))
+                    sP[WARPS + wid, lane] = rpb[0]
+                    l_run = l_run * alpha + _warp_sum(p)
+                    m_run = m_new
+                    if lane == 0:
+                        sAlpha[wid] = alpha
+                cute.arch.sync_threads()
+
+                # 3. O = alpha O + P V over this warp's 32 dims.
+                cute.copy(ld_p, thr_ld_p.partition_S(sP), thr_ld_p.retile(tOrP))
+                # The pair's atom column: a slice whole swizzle atoms in; the warp's tiles come from
+                # the thread partition. A slice inside an atom (local_tile (32, T) at (wid, 0), dynamic
+                # or static) reaches ldmatrix with its offset counted twice, once through the swizzle
+                # and once more on the pointer (CuTe DSL 4.8.1, seen in the PTX): odd warps read
+                # the wrong V rows.
+                sVa = cute.local_tile(sVt[None, None, stage], (64, T), (wid // 2, 0))
+                cute.copy(ld_vt, thr_ld_vt.partition_S(sVa), thr_ld_vt.retile(tOrVt))
+                alpha_g = sAlpha[tOcO[0, 0][0]]  # rows g and g + 8 are one head's hi and lo parts
+                for i in cutlass.range_constexpr(cute.size(acc_O)):
+                    acc_O[i] = acc_O[i] * alpha_g
+                for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
+                    cute.gemm(tiled_mma_o, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
+
+                # Every warp is done with this stage (and sP, sAlpha): block blk + stages goes there.
+                cute.arch.sync_threads()
+                if blk + self.stages < b_end:
+                    self._issue(g2s, mKV, sK, sV, coord, stage, page_next, blk + self.stages, length, hkv, kvh, tidx)
+                cute.arch.cp_async_commit_group()
+
+            # part_o = O / l straight from the accumulators (rows < G), part_lse = m + log2 l.
+            if wid < G:
+                if lane == 0:
+                    sM[wid] = m_run
+                    sL[wid] = l_run
+            cute.arch.sync_threads()
+            row = tOcO[0, 0][0]
+            if row < G:
+                inv_l = 1.0 / sL[row]
+                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                    dim = (wid // 2) * 64 + tOcO[0, c][1]
+                    mPO[seq, kvh * G + row, split, dim] = (acc_O_rc[0, c] + acc_O_rc[1, c]) * inv_l
+            if tidx < G:
+                mPL[seq, kvh * G + tidx, split] = sM[tidx] + cute.math.log2(sL[tidx], fastmath=False)
+
+
 class AttnCombine:
     """Merge split-K partials of each (query head, sequence), gate with sigmoid, write bf16.
 
@@ -516,6 +811,104 @@ class AttnCombine:
                 wsum = wsum + sW[g]
             rG = cute.make_rmem_tensor((4,), cutlass.BFloat16)
             cute.autovec_copy(cute.zipped_divide(mQG[seq, None], (4,))[None, (head * 2 + 1) * 64 + col], rG)
+            gate = 1.0 / (cute.math.exp2(rG.load().to(cutlass.Float32) * -LOG2E, fastmath=False) + 1.0)
+            # wsum >= 1 when a split was used (the largest lse contributes 1); an idle lane writes 0.
+            wsum = cute.math.max(wsum, cutlass.Float32(1.0))
+            rY = cute.make_rmem_tensor((4,), cutlass.BFloat16)
+            rY.store((rAcc.load() / wsum * gate).to(cutlass.BFloat16))
+            cute.autovec_copy(rY, cute.zipped_divide(mOut[seq, None], (4,))[None, head * 64 + col])
+
+
+class AttnCombineOnline:
+    """`AttnCombine` in one pass: no separate sweep for the maximum lse.
+
+    Group g (64 threads x 4 dims) loads `unroll` of its splits g, g + groups, ... at once (their lse
+    and o together; indices clamped to the last used split, weights 0 past it) and keeps its own
+    running maximum, rescaling its sums when the maximum grows; the groups meet in smem, each
+    scaled by 2^(m_g - M) with M the largest group maximum. With 64 used splits and 8 groups of
+    8-split loads a thread waits for memory once (plus the lens and gate loads)."""
+
+    def __init__(self, groups: int = 8, unroll: int = 8):
+        if groups not in (1, 2, 4, 8):
+            raise ValueError("groups must be 1, 2, 4 or 8")
+        self.groups = groups
+        self.unroll = unroll
+        self.threads = 64 * groups
+
+    @cute.jit
+    def __call__(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mQG: cute.Tensor,
+                 mOut: cute.Tensor, stream: cuda.CUstream):
+        hq = cute.size(mPO, mode=[1])
+        b = cute.size(mPO, mode=[0])
+        self.kernel(mPO, mPL, mLens, mQG, mOut).launch(grid=(hq, b, 1), block=(self.threads, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mQG: cute.Tensor,
+               mOut: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        head, seq, _ = cute.arch.block_idx()
+        grp = tidx // 64
+        col = tidx % 64
+        U = self.unroll
+        cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
+        cute.arch.griddepcontrol_launch_dependents()
+        rG = cute.make_rmem_tensor((4,), cutlass.BFloat16)
+        if grp == 0:  # the gate does not depend on lens: its load goes out first
+            cute.autovec_copy(cute.zipped_divide(mQG[seq, None], (4,))[None, (head * 2 + 1) * 64 + col], rG)
+        _, _, used = _pages(mLens[seq], cute.size(mPL, mode=[2]), 0)
+
+        smem = cutlass.memory.SmemAllocator()
+        sAcc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.groups, HEAD_DIM), stride=(HEAD_DIM, 1)),
+                                    byte_alignment=16)
+        sW = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.groups,)), byte_alignment=16)
+        sM = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.groups,)), byte_alignment=16)
+
+        rAcc = cute.make_rmem_tensor((4,), cutlass.Float32)
+        rAcc.fill(0.0)
+        rO = cute.make_rmem_tensor((4,), cutlass.Float32)
+        rOs = cute.make_rmem_tensor((4, U), cutlass.Float32)
+        rL = cute.make_rmem_tensor((U,), cutlass.Float32)
+        wsum = cutlass.Float32(0.0)
+        m_grp = cutlass.Float32(NEG_INF)
+        for s0 in cutlass.range(grp, used, self.groups * U, unroll=1):
+            for u in cutlass.range_constexpr(U):
+                sc = cutlass.min(s0 + u * self.groups, used - 1)
+                rL[u] = mPL[seq, head, sc]
+                cute.autovec_copy(cute.zipped_divide(mPO[seq, head, sc, None], (4,))[None, col], rOs[None, u])
+            # Clamped indices repeat a used split, so the plain maximum is the maximum of the used ones.
+            m_new = m_grp
+            for u in cutlass.range_constexpr(U):
+                m_new = cute.math.max(m_new, rL[u])
+            c = cute.math.exp2(m_grp - m_new, fastmath=False)  # 0 on the first step (m_grp = -inf)
+            wsum = wsum * c
+            rAcc.store(rAcc.load() * c)
+            for u in cutlass.range_constexpr(U):
+                w = cute.math.exp2(rL[u] - m_new, fastmath=False)
+                if s0 + u * self.groups >= used:
+                    w = cutlass.Float32(0.0)
+                wsum = wsum + w
+                rAcc.store(rAcc.load() + rOs[None, u].load() * w)
+            m_grp = m_new
+        cute.autovec_copy(rAcc, cute.zipped_divide(sAcc[grp, None], (4,))[None, col])
+        if col == 0:
+            sW[grp] = wsum
+            sM[grp] = m_grp
+        cute.arch.sync_threads()
+
+        if grp == 0:
+            top = sM[0]
+            for g in cutlass.range_constexpr(1, self.groups):
+                top = cute.math.max(top, sM[g])
+            if top == NEG_INF:  # an idle lane (no split used): every group weight below is 0
+                top = cutlass.Float32(0.0)
+            f = cute.math.exp2(sM[0] - top, fastmath=False)
+            rAcc.store(rAcc.load() * f)
+            wsum = wsum * f
+            for g in cutlass.range_constexpr(1, self.groups):
+                f = cute.math.exp2(sM[g] - top, fastmath=False)  # 0 for a group without splits
+                cute.autovec_copy(cute.zipped_divide(sAcc[g, None], (4,))[None, col], rO)
+                rAcc.store(rAcc.load() + rO.load() * f)
+                wsum = wsum + sW[g] * f
             gate = 1.0 / (cute.math.exp2(rG.load().to(cutlass.Float32) * -LOG2E, fastmath=False) + 1.0)
             # wsum >= 1 when a split was used (the largest lse contributes 1); an idle lane writes 0.
             wsum = cute.math.max(wsum, cutlass.Float32(1.0))

@@ -1,9 +1,11 @@
 """Decode GEMV on groupwise-int weights with tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate),
-read straight from the `row-split-k128-v1` payload (no repack).
+reading the weights in the `tile16-v1` layout (`inferno/kernels/tiled.py`): one perfectly coalesced
+512-byte warp load per (16-row tile, group).
 
     y[t, n] = sum_k W[n, k] * x[t, k],   W[n, k] = f32(scale[n, k / G]) * code[n, k]
 
-Same formats, arguments and epilogues as `cute_kernels/gemv_q.py` (see docs/kernels-gemv-mma.md).
+Same formats, arguments and epilogues as `cute_kernels/gemv_q.py` (see docs/kernels-gemv-mma.md);
+w is the `tile16-v1` image of the matrix instead of its row-split payload.
 
 Codes become bf16 *pairs* on CUDA cores: a field at bits 0.. and 16.. of a word OR-ed into
 0x4300_4300 (bf16 128.0 twice) is the exact bf16 pair (128 + f0, 128 + f1); the sign flip of the
@@ -11,22 +13,22 @@ two's complement top bit folds into the same LOP3. A holds code + bias (Q4 136, 
 W8 is split into nibbles: lo + 128 against x and (hi + 136) against 16 x, bias 128 + 16 * 136),
 B is x (column n = batch row n; T <= 8 costs the same as T = 1), so per 16-row tile and k16 one
 mma does the multiply-add of all 8 columns. Each mma sees k from one group: the 4 threads of a
-quad share a group of a row (thread t: group words 2t, 2t+1, one 8-byte load), and a group's C
-starts at -bias * sum(x over the group) (computed by mmas with a constant A, once per warp and
-group, shared by its row tiles), so after the group's mmas C = sum(code * x) and
-acc += scale * C. The pairs are (code i, code i + 4) of a base word (one shift + one LOP3 per
-pair), so B holds a fixed permutation of x (PRMTs once per warp and group).
+quad share a group of a row (thread t: group words 2t, 2t+1), and a group's C starts at
+-bias * sum(x over the group) (mmas with a constant A, once per warp and group, shared by its
+tiles), so after the group's mmas C = sum(code * x) and acc += scale * C. The pairs are (code i,
+code i + 4) of a base word (one shift + one LOP3 per pair), so B holds a fixed permutation of x.
 
-Thread (g = lane / 4, t = lane % 4) holds A rows g and g + 8 of a tile: plain/residual 16
-consecutive weight rows; swiglu gate rows i + g and up rows I + i + g, so its C (gate, up) gives
-silu(gate) * up directly. A CTA owns `tiles` row tiles; its `warps` warps split K in 128-code
-steps and reduce through shared memory. Weights stream through shared memory with cp.async:
-each warp keeps `stages` batches of `steps` steps in flight (thread-private slots, so the
-per-thread wait_group is the only synchronisation), and so does x (only the lanes whose column
-is < T copy it).
+Lane (g = lane / 4, t = lane % 4) holds A rows g and g + 8 of a tile; in `tile16-v1` its 16 bytes
+of a (tile, group) block are exactly those rows' words 2t, 2t + 1, so one LDG.128 per lane and
+group feeds the mma (Q5 / Q6 high bits: one 4- / 8-byte load, scales one 8-byte load per group
+pair). A warp streams whole group pairs of its tiles; the `kw` warps of a warp row split the
+pairs of the row into contiguous runs and reduce through shared memory; a CTA holds
+`warps / kw` warp rows of `tiles` units each (a unit = 16 outputs: one tile; swiglu: the gate
+tile and the one or two tiles holding the matching up rows). Loads go straight to registers,
+`stages` group pairs deep per warp (weights issued before griddepcontrol.wait: PDL overlap).
 
-The decode (`pairs_*`, `b_regs`) is written against an `ops` object so that the CPU test can run
-the same bit logic in numpy (`NumpyOps` in tests/test_kernels_gemv_mma.py) against the reference.
+The decode (`pairs_*`, `b_regs`) and the addressing (`*_offset`) are written against plain
+arithmetic so that the CPU test can run them in numpy (tests/test_kernels_gemv_mma.py).
 """
 
 import cuda.bindings.driver as cuda
@@ -34,10 +36,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-STEP = 128  # codes per K step (K_pad is a multiple of 128)
 FIELD = 0x000F000F  # a nibble at bits 0-3 and 16-19
 BIAS = {4: 136, 5: 144, 6: 160, 8: 128 + 16 * 136}  # A = code + bias (W8: lo + 16 hi, see above)
 BIAS_BF16 = {4: 0xC308, 5: 0xC310, 6: 0xC320, 8: 0xC510}  # bf16(-bias)
@@ -218,35 +218,121 @@ class DslOps:
         return _mul16(v)
 
 
+# ---- tile16-v1 addressing (bytes; Python ints, numpy arrays or DSL Int32) ----------------------
+
+HIGH_LANE_BYTES = {4: 0, 5: 2, 6: 4, 8: 0}  # hb: a lane's high bytes per row and group
+
+
+def _up256(v):
+    return (v + 255) // 256 * 256
+
+
+def plane_offsets(bits: int, tiles, groups):
+    """(high plane, scale plane) byte offsets of a `tile16-v1` image of `tiles` tiles x `groups` groups."""
+    high = _up256(tiles * groups * 512)
+    return high, high + _up256(tiles * groups * (64 * HIGH_LANE_BYTES[bits]))
+
+
+def base_offset(tile, j, groups, lane):
+    """Lane's 16 bytes of group j of `tile`: rows g, g + 8, base words 2t, 2t + 1 each."""
+    return (tile * groups + j) * 512 + 16 * lane
+
+
+def high_offset(bits: int, high, tile, j, groups, lane):
+    """Lane's 2 hb bytes of high bits of group j (row g's hb bytes, then row g + 8's)."""
+    hb = HIGH_LANE_BYTES[bits]
+    return high + (tile * groups + j) * (64 * hb) + 2 * hb * lane
+
+
+def scale_offset(scale, tile, pair, groups, lane):
+    """Lane's 8 bytes of scales of groups 2 pair, 2 pair + 1: f16 [s(g, 2p), s(g+8, 2p), s(g, 2p+1), s(g+8, 2p+1)]."""
+    return scale + (tile * (groups // 2) + pair) * 64 + 8 * (lane // 4)
+
+
+def x_first(bits: int, j, lane):
+    """Index along K of the first of the lane's x values of group j (16 for Q4-Q6, 8 for W8)."""
+    if bits == 8:
+        return j * 32 + 8 * (lane % 4)
+    return j * 64 + 16 * (lane % 4)
+
+
+def unit_tiles(epilogue: str, unit, m, tiles_total):
+    """Tiles of output unit `unit` (outputs 16 unit ..): plain / residual the tile itself; swiglu
+    (W = [gate; up], m = I) the gate tile and the two tiles that may hold up rows m + 16 unit .."""
+    if epilogue != "swiglu":
+        return [unit]
+    up = (m + 16 * unit) // 16
+    return [unit, up, _min(up + 1, tiles_total - 1)]
+
+
+def _min(a, b):
+    return cutlass.min(a, b) if isinstance(a, cutlass.Int32) or isinstance(b, cutlass.Int32) else min(a, b)
+
+
+# ---- loads ---------------------------------------------------------------------------------------
+
+def _ld(addr, n: int, cache: str, loc, ip):
+    """n 32-bit words from global address `addr` (volatile asm: stays where it is written, so the
+    weight loads stay ahead of their use and the x loads after griddepcontrol.wait)."""
+    vec = "" if n == 1 else f".v{n}"
+    outs = ", ".join(f"${i}" for i in range(n))
+    text = f"ld.global{cache}{vec}.u32 " + (f"{{{outs}}}" if n > 1 else outs) + f", [${n}];"
+    ty = T.i32() if n == 1 else llvm.StructType.get_literal([T.i32()] * n)
+    r = llvm.inline_asm(ty, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)], text, ",".join(["=r"] * n + ["l"]),
+                        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                        loc=loc, ip=ip)
+    if n == 1:
+        return [cutlass.Int32(r)]
+    return [cutlass.Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(n)]
+
+
+@dsl_user_op
+def _ldw(addr, n: int, *, loc=None, ip=None):
+    """Weights: read-only path, not kept in L1 (streamed once)."""
+    return _ld(addr, n, ".nc.L1::no_allocate", loc, ip)
+
+
+@dsl_user_op
+def _ldx(addr, *, loc=None, ip=None):
+    """x: 16 bytes, cached (the CTA's warps share it)."""
+    return _ld(addr, 4, "", loc, ip)
+
+
 # ---- the kernel --------------------------------------------------------------------------------
 
 class GemvMma:
-    """`tiles` 16-row tiles per CTA, `warps` warps splitting K in 128-code steps, `steps` per batch,
-    `stages` batches in flight per warp."""
+    """`warps` warps per CTA in warp rows of `kw` warps that split K; a warp row owns `tiles` output
+    units; `stages` register stages of group pairs per warp; registers capped for `ctas` CTAs per SM;
+    x loaded one pair ahead (`xpre`) or when its pair is computed."""
 
-    def __init__(self, bits: int, group: int, cols: int, epilogue: str, tiles: int = 1, warps: int = 4,
-                 steps: int = 1, stages: int = 4):
+    def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, kw: int = 8,
+                 tiles: int = 1, stages: int = 3, ctas: int = 2, xpre: bool = True):
         if (bits, group) not in ((4, 64), (5, 64), (6, 64), (8, 32)):
             raise ValueError("format must be bits/group 4/64, 5/64, 6/64 or 8/32")
         if not 1 <= cols <= 8:
             raise ValueError("cols must be 1..8")
         if epilogue not in ("plain", "residual", "swiglu"):
             raise ValueError("epilogue must be plain, residual or swiglu")
-        if tiles < 1 or warps < 1 or steps < 1 or stages < 2:
-            raise ValueError("tiles, warps and steps must be >= 1, stages >= 2")
+        if warps < 1 or kw < 1 or warps % kw or tiles < 1 or stages < 2:
+            raise ValueError("kw must divide warps; tiles >= 1, stages >= 2")
         self.bits, self.group, self.cols, self.epilogue = bits, group, cols, epilogue
-        self.tiles, self.warps, self.steps, self.stages = tiles, warps, steps, stages
+        self.warps, self.kw, self.tiles, self.stages, self.ctas = warps, kw, tiles, stages, ctas
+        self.xpre = xpre
         self.threads = 32 * warps
-        self.outs = tiles * (8 if epilogue == "swiglu" else 16)  # outputs per CTA
-        self.gps = STEP // group  # groups per step: 2 (Q4-Q6), 4 (W8)
-        self.xw = 8 if bits < 8 else 4  # x words (bf16 pairs) per thread and group
+        self.rows = warps // kw  # warp rows per CTA
+        self.units = self.rows * tiles  # output units (16 outputs) per CTA
+        self.per_unit = 3 if epilogue == "swiglu" else 1  # tile slots per unit
+        self.slots = tiles * self.per_unit
+        self.xw = 8 if bits < 8 else 4  # x words (bf16 pairs) per lane and group
+        self.hw = {5: 1, 6: 2}.get(bits, 0)  # high words per lane and group
 
     @cute.jit
     def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor,
                  stream: cuda.CUstream):
         m = cute.size(mY, mode=[1])
-        grid = ((m + self.outs - 1) // self.outs, 1, 1)
-        self.kernel(mW, mX, mR, mY).launch(grid=grid, block=(self.threads, 1, 1), stream=stream)
+        grid = ((m + 16 * self.units - 1) // (16 * self.units), 1, 1)
+        self.kernel(mW, mX, mR, mY).launch(grid=grid, block=(self.threads, 1, 1), stream=stream,
+                                           min_blocks_per_mp=self.ctas, preferred_smem_carveout=-1)
 
     @cute.kernel
     def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor):
@@ -254,189 +340,186 @@ class GemvMma:
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32
+        wrow = warp // self.kw
+        kwi = warp % self.kw
         g = lane // 4
-        t = lane % 4
-        n_out = cute.size(mY, mode=[1])
+        m = cute.size(mY, mode=[1])
         t_rows = cute.size(mX, mode=[0])
         k = cute.size(mX, mode=[1])
-        n_w = n_out
+        n_w = m
         if cutlass.const_expr(self.epilogue == "swiglu"):
-            n_w = n_out * 2
-        k_pad = (k + 127) // 128 * 128
-        nsteps = k_pad // STEP
-        gpr = k_pad // self.group
-        base_row = k_pad // 8 if self.bits < 8 else k_pad // 4
-        high_row = k_pad // 32 if self.bits == 5 else k_pad // 16
-        high_off = (n_w * base_row + 63) // 64 * 64
-        scale_off = high_off
-        if cutlass.const_expr(self.bits in (5, 6)):
-            scale_off = high_off + (n_w * high_row + 63) // 64 * 64
+            n_w = 2 * m
+        n_tiles = (n_w + 15) // 16
+        n_units = (m + 15) // 16
+        ngr = (k + 127) // 128 * 128 // self.group  # groups per row
+        npairs = ngr // 2
+        high, scale = plane_offsets(self.bits, n_tiles, ngr)
 
-        # Weight rows of this thread: per tile, A rows g and g + 8 (rows past the end re-read the last).
-        rows = []
-        for r in cutlass.range_constexpr(self.tiles):
-            for h in cutlass.range_constexpr(2):
-                if cutlass.const_expr(self.epilogue == "swiglu"):
-                    o = bidx * self.outs + 8 * r + g
-                    rows.append(cutlass.min(o, n_out - 1) + h * n_out)
-                else:
-                    o = bidx * self.outs + 16 * r + 8 * h + g
-                    rows.append(cutlass.min(o, n_out - 1))
-        nrow = 2 * self.tiles
-        wrow = [rw * (base_row // 2) + t for rw in rows]  # 8-byte units: group words 2t, 2t+1
-        srow = [scale_off + rw * (gpr // 2) for rw in rows]
-        hrow = [high_off + rw * high_row for rw in rows]
+        # This warp's tiles (units past the end recompute the last one; they are not stored) and pairs.
+        tiles = []
+        for s in cutlass.range_constexpr(self.tiles):
+            unit = cutlass.min(bidx * self.units + wrow * self.tiles + s, n_units - 1)
+            tiles += unit_tiles(self.epilogue, unit, m, n_tiles)
+        per = (npairs + self.kw - 1) // self.kw
+        p0 = kwi * per
+        n_local = cutlass.max(cutlass.min(p0 + per, npairs) - p0, 0)
 
-        gW2 = cute.zipped_divide(mW, (2,))
+        w_ptr = mW.iterator
         xrow = cutlass.min(g, t_rows - 1)
-        gX = cute.zipped_divide(mX[xrow, None], (8,))
-        x_on = g < t_rows
-        if cutlass.const_expr(self.cols == 1):
-            x_on = g == 0
+        x_ptr = mX.iterator + cute.crd2idx((xrow, 0), mX.layout)
 
-        kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
-        ops = DslOps()
-        nacc = 4 * self.tiles
-        acc = cute.make_rmem_tensor((nacc,), cutlass.Float32)
+        ns = self.slots
+        acc = cute.make_rmem_tensor((4, ns), cutlass.Float32)
         acc.fill(0.0)
-        gps, st, nsw, ns = self.gps, self.steps, max(self.gps // 2, 1), self.stages
-        # Weights stream through shared memory with cp.async, `stages` batches (of `steps` steps)
-        # in flight per warp. Every thread reads back only the words it copied itself, so the
-        # per-thread cp.async.wait_group orders it; no barrier. Lane-fastest slots: conflict-free.
-        smem = cutlass.memory.SmemAllocator()
-        w_, lane_ = self.warps, 32
-        nxl = 32 if self.cols > 1 else 4  # x slots: lane (g, t), or t alone when only g = 0 loads
-        sB = smem.allocate_tensor(cutlass.Int32, cute.make_layout((2, lane_, w_, nrow, gps, st, ns)), byte_alignment=16)
-        sH = sB
-        if cutlass.const_expr(self.bits in (5, 6)):
-            sH = smem.allocate_tensor(cutlass.Int32, cute.make_layout((1, lane_, w_, nrow, gps, st, ns)),
-                                      byte_alignment=16)
-        sS = smem.allocate_tensor(cutlass.Int32, cute.make_layout((1, lane_, w_, nrow, nsw, st, ns)), byte_alignment=16)
-        sX = smem.allocate_tensor(cutlass.BFloat16, cute.make_layout((8, nxl, w_, self.xw // 4, gps, st, ns)),
-                                  byte_alignment=16)
-        xl = lane if self.cols > 1 else t
-        cp8 = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Int32, num_bits_per_copy=64)
-        cp4 = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Int32, num_bits_per_copy=32)
-        cpx = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.BFloat16, num_bits_per_copy=128)
-        gW1 = cute.zipped_divide(mW, (1,))
-        ld = (cp8, cp4, cpx, gW2, gW1, gX, sB, sH, sS, sX)
-        cur_w = cute.make_rmem_tensor((2, gps, nrow, st), cutlass.Int32)
-        cur_h = cute.make_rmem_tensor((gps, nrow, st), cutlass.Int32)
-        cur_s = cute.make_rmem_tensor((nsw, nrow, st), cutlass.Int32)
-        per_it = self.warps * st
-        n_it = (nsteps + per_it - 1) // per_it
-        for b in cutlass.range_constexpr(ns - 1):
-            self._issue(ld, b, b, lane, xl, warp, nsteps, k, x_on, wrow, hrow, srow, t)
-            cute.arch.cp_async_commit_group()
-        for it in cutlass.range(n_it, unroll=1):
-            nxt = it + ns - 1
-            self._issue(ld, nxt, nxt % ns, lane, xl, warp, nsteps, k, x_on, wrow, hrow, srow, t)
-            cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(ns - 1)
-            slot = it % ns
-            for u in cutlass.range_constexpr(st):
-                for ri in cutlass.range_constexpr(nrow):
-                    for q in cutlass.range_constexpr(gps):
-                        cute.autovec_copy(sB[None, lane, warp, ri, q, u, slot], cur_w[None, q, ri, u])
-                        if cutlass.const_expr(self.bits in (5, 6)):
-                            cur_h[q, ri, u] = sH[0, lane, warp, ri, q, u, slot]
-                    for v in cutlass.range_constexpr(nsw):
-                        cur_s[v, ri, u] = sS[0, lane, warp, ri, v, u, slot]
-            for u in cutlass.range_constexpr(st):
-                step = (it * st + u) * self.warps + warp
-                if step < nsteps:
-                    # x of the step's groups (this lane's column g; zero past K and for g >= T).
-                    xs = cute.make_rmem_tensor((self.xw, gps), cutlass.Int32)
-                    xs.fill(0)
-                    if x_on:
-                        for q in cutlass.range_constexpr(gps):
-                            for v in cutlass.range_constexpr(self.xw // 4):
-                                ch = (step * STEP + q * self.group) // 8 + t * (self.xw // 4) + v
-                                if ch * 8 < k:
-                                    xb = cute.make_rmem_tensor((8,), cutlass.BFloat16)
-                                    cute.autovec_copy(sX[None, xl, warp, v, q, u, slot], xb)
-                                    xi = cute.recast_tensor(xb, cutlass.Int32)
-                                    for e in cutlass.range_constexpr(4):
-                                        xs[4 * v + e, q] = xi[e]
-                    for q in cutlass.range_constexpr(gps):
-                        bregs = b_regs(ops, self.bits, [xs[i, q] for i in range(self.xw)])
-                        nb = [cutlass.Float32(0.0)] * 4
-                        for m in bias_steps(self.bits):
-                            nb = _mma((kb, kb, kb, kb), bregs[m], nb)
-                        for r in cutlass.range_constexpr(self.tiles):
-                            lo = self._pairs(ops, cur_w, cur_h, 2 * r, q, u, t)
-                            hi = self._pairs(ops, cur_w, cur_h, 2 * r + 1, q, u, t)
-                            d = nb
-                            for m in cutlass.range_constexpr(4):
-                                d = _mma((lo[m][0], hi[m][0], lo[m][1], hi[m][1]), bregs[m], d)
-                            for h in cutlass.range_constexpr(2):
-                                sc = _f16_f32(cur_s[q // 2, 2 * r + h, u], q % 2)
-                                for e in cutlass.range_constexpr(2):
-                                    acc[4 * r + 2 * h + e] = acc[4 * r + 2 * h + e] + sc * d[2 * h + e]
-        cute.arch.cp_async_wait_group(0)
+        ld = (w_ptr, x_ptr, tiles, ngr, high, scale, lane, k, p0, n_local, npairs)
+        if cutlass.const_expr(self.epilogue == "swiglu"):
+            # gate and first up tile of every unit; the second up tile in a pass of its own (only
+            # when I % 16 != 0), so that the usual case keeps its registers
+            self._stream(ld, acc, tuple(s for s in range(ns) if s % 3 != 2))
+            if m % 16 != 0:
+                self._stream(ld, acc, tuple(range(2, ns, 3)))
+        else:
+            self._stream(ld, acc, tuple(range(ns)))
 
-        # ---- reduce over the warps, epilogue ----
-        red = smem.allocate_tensor(cutlass.Float32, cute.make_layout((32, nacc, self.warps), stride=(1, 32, 32 * nacc)))
-        for e in cutlass.range_constexpr(nacc):
-            red[lane, e, warp] = acc[e]
+        # ---- reduce over the kw warps of a row, epilogue ----
+        smem = cutlass.memory.SmemAllocator()
+        red = smem.allocate_tensor(cutlass.Float32, cute.make_layout((32, 4, ns, self.warps)), byte_alignment=16)
+        for s in cutlass.range_constexpr(ns):
+            for e in cutlass.range_constexpr(4):
+                red[lane, e, s, warp] = acc[e, s]
         cute.arch.sync_threads()
-        if warp == 0:
-            tot = cute.make_rmem_tensor((nacc,), cutlass.Float32)
-            for e in cutlass.range_constexpr(nacc):
-                a = red[lane, e, 0]
-                for w in cutlass.range_constexpr(1, self.warps):
-                    a = a + red[lane, e, w]
-                tot[e] = a
-            for r in cutlass.range_constexpr(self.tiles):
-                for e in cutlass.range_constexpr(4 if self.epilogue != "swiglu" else 2):
-                    col = 2 * t + e % 2
-                    if cutlass.const_expr(self.epilogue == "swiglu"):
-                        o = bidx * self.outs + 8 * r + g
-                    else:
-                        o = bidx * self.outs + 16 * r + 8 * (e // 2) + g
-                    if col < cutlass.min(t_rows, self.cols):
-                        if o < n_out:
-                            a = tot[4 * r + e]
-                            if cutlass.const_expr(self.epilogue == "swiglu"):
-                                up = tot[4 * r + 2 + e]
-                                a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
-                            if cutlass.const_expr(self.epilogue == "residual"):
-                                a = a + mR[col, o].to(cutlass.Float32)
-                            mY[col, o] = a.to(cutlass.BFloat16)
+        total = self.units * 16 * self.cols
+        for it in cutlass.range_constexpr((total + self.threads - 1) // self.threads):
+            idx = it * self.threads + tidx
+            col = idx % self.cols
+            r = idx // self.cols % 16
+            ul = idx // (16 * self.cols)  # unit of the CTA
+            o = (bidx * self.units + ul) * 16 + r
+            if idx < total:
+                if col < t_rows:
+                    if o < m:
+                        self._store(red, mR, mY, m, ul, r, col, o)
 
     @cute.jit
-    def _issue(self, ld, it, slot, lane, xl, warp, nsteps, k, x_on, wrow, hrow, srow, t):
-        """cp.async of batch `it` of this warp (weights, and x of the loading lanes) into stage `slot`;
-        steps past the end and x past k are skipped."""
-        cp8, cp4, cpx, gW2, gW1, gX, sB, sH, sS, sX = ld
-        nsw = max(self.gps // 2, 1)
-        for u in cutlass.range_constexpr(self.steps):
-            step = (it * self.steps + u) * self.warps + warp
-            if step < nsteps:
-                for ri in cutlass.range_constexpr(2 * self.tiles):
-                    for q in cutlass.range_constexpr(self.gps):
-                        grp = step * self.gps + q
-                        cute.copy(cp8, gW2[None, wrow[ri] + grp * 4], sB[None, lane, warp, ri, q, u, slot])
-                        if cutlass.const_expr(self.bits == 5):
-                            cute.copy(cp4, gW1[None, hrow[ri] + 2 * grp + t // 2], sH[None, lane, warp, ri, q, u, slot])
-                        if cutlass.const_expr(self.bits == 6):
-                            cute.copy(cp4, gW1[None, hrow[ri] + 4 * grp + t], sH[None, lane, warp, ri, q, u, slot])
-                    for v in cutlass.range_constexpr(nsw):
-                        cute.copy(cp4, gW1[None, srow[ri] + step * nsw + v], sS[None, lane, warp, ri, v, u, slot])
-                if x_on:
-                    for q in cutlass.range_constexpr(self.gps):
-                        for v in cutlass.range_constexpr(self.xw // 4):
-                            ch = (step * STEP + q * self.group) // 8 + t * (self.xw // 4) + v
-                            if ch * 8 < k:
-                                cute.copy(cpx, gX[None, ch], sX[None, xl, warp, v, q, u, slot])
+    def _store(self, red, mR, mY, m, ul, r, col, o):
+        """The epilogue of output o, column col (row r of unit ul of the CTA)."""
+        wr, su = ul // self.tiles, ul % self.tiles
+        a = self._sum(red, wr, su * self.per_unit, r, col)
+        if cutlass.const_expr(self.epilogue == "swiglu"):
+            off = m % 16 + r  # up row m + o sits at this row of the unit's up tiles
+            up = self._sum(red, wr, su * self.per_unit + 1 + off // 16, off % 16, col)
+            a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
+        if cutlass.const_expr(self.epilogue == "residual"):
+            a = a + mR[col, o].to(cutlass.Float32)
+        mY[col, o] = a.to(cutlass.BFloat16)
 
-    def _pairs(self, ops, wb, hw, ri, q, u, t):
-        """The A words per k-step of weight row slot ri, group q of load step u."""
-        w0, w1 = wb[0, q, ri, u], wb[1, q, ri, u]
+    @cute.jit
+    def _sum(self, red, wr, slot, r, col):
+        """Sum over the warp row's kw warps of accumulator (row r, column col) of tile slot `slot`."""
+        ln = (r % 8) * 4 + col // 2
+        e = (r // 8) * 2 + col % 2
+        a = red[ln, e, slot, wr * self.kw]
+        for w in cutlass.range_constexpr(1, self.kw):
+            a = a + red[ln, e, slot, wr * self.kw + w]
+        return a
+
+    @cute.jit
+    def _stream(self, ld, acc, sl):
+        """Stream the warp's group pairs of the tile slots `sl` into acc: weights `stages` - 1 pairs
+        ahead in registers, x one pair ahead (`xpre`) or when needed."""
+        p0, n_local, npairs = ld[8], ld[9], ld[10]
+        S, nb = self.stages, len(sl)
+        wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)  # base words [word, group, slot, stage]
+        hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
+        sb = cute.make_rmem_tensor((2, nb, S), cutlass.Int32)  # scale words [group, slot, stage]
+        xb = cute.make_rmem_tensor((self.xw, 2, S), cutlass.Int32)  # x words [word, group, stage]
+        wb.fill(0)
+        hbuf.fill(0)
+        sb.fill(0)
+        bufs = (wb, hbuf, sb, xb)
+        # Prologue: the first stages' weights before the wait (they do not depend on the previous kernel).
+        for st in cutlass.range_constexpr(S - 1):
+            if st < n_local:
+                self._load_w(ld, bufs, sl, p0 + st, st)
+        cute.arch.griddepcontrol_wait()
+        last = npairs - 1
+        if cutlass.const_expr(self.xpre):
+            self._load_x(ld, xb, cutlass.min(p0, last), 0)
+        cute.arch.griddepcontrol_launch_dependents()
+        kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
+        ops = DslOps()
+        for rd in cutlass.range((n_local + S - 1) // S, unroll=1):
+            for u in cutlass.range_constexpr(S):
+                i = rd * S + u
+                nxt = i + S - 1
+                if nxt < n_local:
+                    self._load_w(ld, bufs, sl, p0 + nxt, (u + S - 1) % S)
+                if cutlass.const_expr(self.xpre):  # x one pair ahead
+                    self._load_x(ld, xb, cutlass.min(p0 + i + 1, last), (u + 1) % S)
+                if i < n_local:
+                    if cutlass.const_expr(not self.xpre):  # x when needed (mostly L1 hits)
+                        self._load_x(ld, xb, p0 + i, u)
+                    self._compute(ops, kb, bufs, acc, sl, u)
+
+    @cute.jit
+    def _load_w(self, ld, bufs, sl, p, st):
+        """Issue the weight loads of group pair p of the tile slots sl into stage st."""
+        w_ptr, _, tiles, ngr, high, scale, lane = ld[:7]
+        wb, hbuf, sb, _ = bufs
+        for b in cutlass.range_constexpr(len(sl)):
+            tile = tiles[sl[b]]
+            for q in cutlass.range_constexpr(2):
+                v = _ldw((w_ptr + base_offset(tile, 2 * p + q, ngr, lane) // 4).toint(), 4)
+                for e in cutlass.range_constexpr(4):
+                    wb[e, q, b, st] = v[e]
+                if cutlass.const_expr(self.hw > 0):
+                    h = _ldw((w_ptr + high_offset(self.bits, high, tile, 2 * p + q, ngr, lane) // 4).toint(), self.hw)
+                    for e in cutlass.range_constexpr(self.hw):
+                        hbuf[e, q, b, st] = h[e]
+            sc = _ldw((w_ptr + scale_offset(scale, tile, p, ngr, lane) // 4).toint(), 2)
+            sb[0, b, st] = sc[0]
+            sb[1, b, st] = sc[1]
+
+    @cute.jit
+    def _load_x(self, ld, xb, p, st):
+        """The lane's x words of pair p (column min(g, T - 1): B columns >= T only reach outputs that
+        are not stored) into stage st, unconditionally (a predicated write would keep every stage's
+        registers live); zero past K (the 16-byte chunk is read at the last chunk of the row instead)."""
+        x_ptr, lane, k = ld[1], ld[6], ld[7]
+        for q in cutlass.range_constexpr(2):
+            for c in cutlass.range_constexpr(self.xw // 4):
+                e0 = x_first(self.bits, 2 * p + q, lane) + 8 * c
+                v = _ldx((x_ptr + cutlass.min(e0, k - 8)).toint())
+                keep = cutlass.Int32(0) - cutlass.Int32(e0 < k)  # all ones inside K
+                for e in cutlass.range_constexpr(4):
+                    xb[4 * c + e, q, st] = v[e] & keep
+
+    @cute.jit
+    def _compute(self, ops, kb, bufs, acc, sl, st):
+        """The mmas of the group pair in stage st, into acc."""
+        wb, hbuf, sb, xb = bufs
+        for q in cutlass.range_constexpr(2):
+            bregs = b_regs(ops, self.bits, [xb[i, q, st] for i in range(self.xw)])
+            nb = [cutlass.Float32(0.0)] * 4
+            for mk in bias_steps(self.bits):
+                nb = _mma((kb, kb, kb, kb), bregs[mk], nb)
+            for b in cutlass.range_constexpr(len(sl)):
+                lo = self._pairs(ops, wb[0, q, b, st], wb[1, q, b, st], hbuf, 0, q, b, st)
+                hi = self._pairs(ops, wb[2, q, b, st], wb[3, q, b, st], hbuf, 1, q, b, st)
+                d = nb
+                for mk in cutlass.range_constexpr(4):
+                    d = _mma((lo[mk][0], hi[mk][0], lo[mk][1], hi[mk][1]), bregs[mk], d)
+                for h in cutlass.range_constexpr(2):
+                    sc = _f16_f32(sb[q, b, st], h)
+                    for e in cutlass.range_constexpr(2):
+                        acc[2 * h + e, sl[b]] = acc[2 * h + e, sl[b]] + sc * d[2 * h + e]
+
+    def _pairs(self, ops, w0, w1, hbuf, h, q, s, st):
+        """The A words per k-step of row g (h = 0) or g + 8 (h = 1) of group q of slot s."""
         if cutlass.const_expr(self.bits == 4):
             return pairs_q4(ops, w0, w1)
         if cutlass.const_expr(self.bits == 5):
-            return pairs_q5(ops, w0, w1, hw[q, ri, u] >> ((t % 2) * 16))
+            return pairs_q5(ops, w0, w1, hbuf[0, q, s, st] >> (16 * h))
         if cutlass.const_expr(self.bits == 6):
-            return pairs_q6(ops, w0, w1, hw[q, ri, u])
+            return pairs_q6(ops, w0, w1, hbuf[h, q, s, st])
         return pairs_w8(ops, w0, w1)

@@ -68,8 +68,8 @@ def artifact(tmp_path_factory):
 def dry(artifact, tmp_path_factory):
     """A GpuExecutor on DryOps, and the list of its launches (kernel name, grid)."""
     from inferno.cuda.params import PackedParams, ParamLayout, ParamSpec
-    from inferno.kernels import (attn_variants, cache, gdn_variants, gemv_variants, launchers, prefill_variants,
-                                 sample_variants)
+    from inferno.kernels import (attn_variants, cache, gdn_variants, gemv_mma_variants, gemv_variants, launchers,
+                                 prefill_variants, sample_variants)
     from inferno.kernels.manifest import Manifest
     from inferno.model.gpu import GpuExecutor
     from inferno.model.gpu.residency import gemv_kinds
@@ -101,7 +101,7 @@ def dry(artifact, tmp_path_factory):
         real = attn_variants.decode_variant
         mp.setattr(attn_variants, "decode_variant", lambda hq, hkv: extra if hq == 2 * hkv else real(hq, hkv))
     mp.setattr(cache, "load", load)
-    for mod in (launchers, gdn_variants, gemv_variants, sample_variants, prefill_variants):
+    for mod in (launchers, gdn_variants, gemv_variants, gemv_mma_variants, sample_variants, prefill_variants):
         mp.setattr(mod, "launch", record)
     mp.setattr(launchers.Gemm, "_tma", lambda self, p, ptr, rows, cols: bytes(p.size))  # no driver here
 

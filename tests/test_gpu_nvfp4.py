@@ -142,13 +142,13 @@ def test_nvfp4_gemv_launches_pass_the_launcher(artifact, tmp_path, monkeypatch):
     launchers: dict[str, gf.GemvNvfp4] = {}
     real_gemv = EmulatedOps.gemv
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None):
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False):
         if fmt == "NVFP4":
             name = gf.variant_name(epilogue, 1)
             if name not in launchers:
                 launchers[name] = gf.GemvNvfp4(load(gf.gemv_nvfp4_variant(name)))
             launchers[name](w, x, y, n, k, 1, r=r)
-        real_gemv(self, fmt, epilogue, w, x, y, n, k, r)
+        real_gemv(self, fmt, epilogue, w, x, y, n, k, r, tiled)
 
     monkeypatch.setattr(gf, "launch", record)
     monkeypatch.setattr(EmulatedOps, "gemv", gemv)
@@ -182,7 +182,7 @@ def test_cuda_ops_resolves_the_nvfp4_gemv(tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "load", load)
     ops = CudaOps.__new__(CudaOps)
     ops.device, ops._gemv = types.SimpleNamespace(arch="sm_90a"), {}
-    ops.preload_gemv({("NVFP4", "swiglu"), ("NVFP4", "residual"), ("W8G32_F16S", "plain")})
+    ops.preload_gemv({("NVFP4", "swiglu", False), ("NVFP4", "residual", False), ("W8G32_F16S", "plain", False)})
     assert isinstance(ops._gemv_launcher("NVFP4", "swiglu"), GemvNvfp4)
     assert ops._gemv_launcher("NVFP4", "residual").name == "gemv_nvfp4_t1_res"
     assert isinstance(ops._gemv_launcher("W8G32_F16S", "plain"), GemvQ)
@@ -274,7 +274,7 @@ def test_cuda_ops_resolves_the_bf16_gemv(tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "load", load)
     ops = CudaOps.__new__(CudaOps)
     ops.device, ops._gemv = types.SimpleNamespace(arch="sm_90a"), {}
-    ops.preload_gemv({("BF16", "plain"), ("BF16", "residual"), ("NVFP4", "plain")})
+    ops.preload_gemv({("BF16", "plain", False), ("BF16", "residual", False), ("NVFP4", "plain", False)})
     assert isinstance(ops._gemv_launcher("BF16", "residual"), GemvBf16)
     assert ops._gemv_launcher("BF16", "plain").name == "gemv_bf16_t1"
     assert sorted(ops._gemv) == ["gemv_bf16_t1", "gemv_bf16_t1_res", "gemv_nvfp4_t1"]
@@ -305,10 +305,10 @@ def test_mixed_bf16_gemv_launches_pass_the_launcher(mixed_identity, mixed_artifa
 
     real_gemv = EmulatedOps.gemv
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None):
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False):
         if fmt == "BF16":
             launcher(gb.variant_name(1, epilogue))(w, x, y, n, k, 1, r=r)
-        real_gemv(self, fmt, epilogue, w, x, y, n, k, r)
+        real_gemv(self, fmt, epilogue, w, x, y, n, k, r, tiled)
 
     monkeypatch.setattr(launchers, "launch", lambda k, grid, block, params, smem, stream: launches.append(
         (k.name, tuple(grid))))

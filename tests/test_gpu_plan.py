@@ -230,7 +230,7 @@ def test_preloaded_gemvs_are_exactly_the_launched_ones(emulated):
     real = ops.gemv
 
     def record(fmt, epilogue, *args, **kw):
-        seen.add((fmt, epilogue))
+        seen.add((fmt, epilogue, kw.get("tiled", False)))
         return real(fmt, epilogue, *args, **kw)
 
     ops.gemv = record

@@ -15,6 +15,7 @@ from inferno.kernels import attn_variants as av
 from inferno.kernels import launchers
 from inferno.kernels.cache import LoadedKernel
 from inferno.kernels.kv_layout import KVLayout, KVLayoutError, page_table
+from inferno.kernels.reference import rel_error
 from inferno.kernels.manifest import Manifest, grid_symbols
 
 ARCHS = ("sm_90a", "sm_120a")
@@ -64,18 +65,26 @@ def test_block_sizes_and_smem(built):
         assert _manifest(built, "attn_qk_prep", arch).block == [128, 1, 1]
         assert _manifest(built, "attn_combine", arch).block == [512, 1, 1]
         assert _manifest(built, "attn_combine_serial", arch).block == [64, 1, 1]
+        assert _manifest(built, "attn_combine_2pass", arch).block == [512, 1, 1]
         for v in av.DECODE_VARIANTS:
+            if arch not in v.archs:
+                continue
             m = _manifest(built, v.name, arch)
             g, t = v.config["group"], v.config["block"]
             assert m.block == [256, 1, 1]
-            # q, scores, probabilities (G x 256 / T / T fp32), m/l/alpha, and either the 8-warp
-            # reduction buffer (registers kernel) or two K + two V stages of T bf16 rows that the
-            # reduction buffer overlays (pipelined kernel)
-            stages = 8 * 256 * 4 if v.cls == "AttnDecode" else 2 * 2 * t * 512
-            need = 4 * (g * 256 + 2 * g * t + 3 * g) + stages
-            assert need <= m.smem <= need + 256  # plus alignment padding
-            if v.cls == "AttnDecodePipelined" and arch == "sm_90a":
-                assert v.config["ctas_per_sm"] * m.smem <= SMEM_LIMIT[arch] - 2048  # the CTAs fit side by side
+            stages = v.config.get("stages", 2) * 2 * t * 512  # K + V stages of T bf16 rows
+            if v.cls == "AttnDecodeMma":
+                # bf16 q [16, 264], bf16 P [16, 40] (hi and lo rows), fp32 partial scores [4, 8, T],
+                # alpha/m/l [8] each
+                need = stages + 16 * 264 * 2 + 16 * 40 * 2 + 4 * 8 * t * 4 + 3 * 8 * 4
+                assert need <= m.smem <= need + 1024  # the struct rounds up to its 1 KiB alignment
+            else:
+                # q, scores, probabilities (G x 256 / T / T fp32), m/l/alpha, and either the 8-warp
+                # reduction buffer (registers kernel) or the stages that the reduction buffer overlays
+                need = 4 * (g * 256 + 2 * g * t + 3 * g) + (8 * 256 * 4 if v.cls == "AttnDecode" else stages)
+                assert need <= m.smem <= need + 256  # plus alignment padding
+            if v.cls != "AttnDecode" and arch == "sm_90a":
+                assert v.config["ctas_per_sm"] * (m.smem + 1024) <= SMEM_LIMIT[arch]  # the CTAs fit side by side
 
 
 def test_param_abi(built):
@@ -211,6 +220,11 @@ def test_launchers_refuse_bad_arguments(built, recorder):
 def test_decode_variant_choice():
     assert av.decode_variant(24, 4).name == "attn_decode_g6"
     assert av.decode_variant(16, 2).name == "attn_decode_g8"
+    for g in av.GROUPS:  # tensor-core default, the previous pipelined kernel kept as a named fallback
+        assert av.attn_variant(f"attn_decode_g{g}").cls == "AttnDecodeMma"
+        assert av.attn_variant(f"attn_decode_g{g}_pipelined").cls == "AttnDecodePipelined"
+    assert av.attn_variant("attn_decode_g6_s3").archs == ("sm_90a",)
+    assert av.COMBINE.cls == "AttnCombineOnline" and av.attn_variant("attn_combine_2pass").cls == "AttnCombine"
     with pytest.raises(LaunchError, match="query heads per kv head"):
         av.decode_variant(16, 4)
     with pytest.raises(LaunchError, match="no attention kernel variant"):
@@ -270,3 +284,180 @@ def test_layout_errors_and_page_table():
     assert t.dtype == np.int32 and t.tolist() == [[4, 1, -1], [0, -1, -1], [-1, -1, -1]]
     with pytest.raises(KVLayoutError, match="widen"):
         page_table([[1, 2, 3]], width=2)
+
+
+# --- numpy emulation of the tensor-core decode kernel (AttnDecodeMma) ------------------------------
+# The kernel's own index math, lane by lane: the PTX m16n8k16 fragment layouts (what ldmatrix hands
+# each lane and where each accumulator lives), the warp split of S = Q K^T (token half w % 2, dims
+# quarter w // 2) and of O = P V (warp pair p = w // 2 on dims 64p.., warp w on its n8 tiles w % 2,
+# w % 2 + 2, ..), the partial-score buffer, the block / page walk and its pool rows, zero-filled
+# stage rows, and the part_o / part_lse writes from the C fragments. It models the intended index
+# math, not the addresses the DSL generates for it: test_kernels_attn_ptx.py checks those in the PTX.
+
+_G_ID, _T_ID = np.arange(32) // 4, np.arange(32) % 4
+_A_ROW = _G_ID[:, None] + 8 * ((np.arange(8) // 2) % 2)[None, :]  # a0..a7 of lane: rows g, g, g+8, g+8, ...
+_A_COL = 2 * _T_ID[:, None] + (np.arange(8) % 2)[None, :] + 8 * (np.arange(8) // 4)[None, :]
+_B_ROW = 2 * _T_ID[:, None] + (np.arange(4) % 2)[None, :] + 8 * (np.arange(4) // 2)[None, :]  # k index
+_B_COL = np.broadcast_to(_G_ID[:, None], (32, 4))  # n index
+_C_ROW = _G_ID[:, None] + 8 * (np.arange(4) // 2)[None, :]
+_C_COL = 2 * _T_ID[:, None] + (np.arange(4) % 2)[None, :]
+
+
+def _mma(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """mma.sync m16n8k16 on lane fragments: a [32, 8], b [32, 4] (bf16 values), c [32, 4] fp32."""
+    am, bm, cm = np.zeros((16, 16), np.float32), np.zeros((16, 8), np.float32), np.zeros((16, 8), np.float32)
+    am[_A_ROW, _A_COL], bm[_B_ROW, _B_COL], cm[_C_ROW, _C_COL] = a, b, c
+    return (am @ bm + cm)[_C_ROW, _C_COL]
+
+
+def _pv_dim0(w: int, n: int) -> int:
+    """First dim of warp w's n-th n8 tile of O = P V (the warp pair's 64-dim column, split by tiles)."""
+    return 64 * (w // 2) + 8 * (w % 2 + 2 * n)
+
+
+def _bf(x):
+    from ml_dtypes import bfloat16
+
+    return np.asarray(x, np.float32).astype(bfloat16).astype(np.float32)
+
+
+def _emulate_cta(q, flat, table, length, splits, split, hkv, kvh, scale):
+    """One CTA (split, kv head) of AttnDecodeMma for one sequence: (part_o [G, 256], lse [G]) or None."""
+    G, T, per_page = q.shape[0], 32, 2
+    n_pages = -(-length // 64)
+    pps = max(-(-n_pages // splits), 1)
+    p_begin, p_end = split * pps, min(split * pps + pps, n_pages)
+    if p_begin >= p_end:
+        return None
+    qb = np.zeros((16, 256), np.float32)  # rows h: bf16 hi(q_h), rows 8 + h: bf16 lo = q_h - hi
+    qb[:G] = _bf(q)
+    qb[8:8 + G] = _bf(q - qb[:G])
+    m, lsum = np.full(G, -np.inf, np.float32), np.zeros(G, np.float32)
+    acc = np.zeros((8, 4, 32, 4), np.float32)  # [warp, its n8 tile, lane, c0..c3]
+    for blk in range(p_begin * per_page, min(p_end * per_page, -(-length // T))):
+        valid = length - blk * T
+        page = int(table[blk // per_page])
+        tile_k = (page * 2 * hkv + kvh) * per_page + blk % per_page
+        assert tile_k * T == KVLayout(hkv).row(page, 0, kvh, blk % per_page * T)  # the kernel's K tile rows
+        assert (tile_k + hkv * per_page) * T == KVLayout(hkv).row(page, 1, kvh, blk % per_page * T)
+        sk = flat[tile_k * T:(tile_k + 1) * T].copy()
+        sv = flat[(tile_k + hkv * per_page) * T:(tile_k + hkv * per_page + 1) * T].copy()
+        sk[max(valid, 0):], sv[max(valid, 0):] = 0, 0  # rows past lens: zero-filled, never copied
+        s_part = np.full((4, 8, T), np.nan, np.float32)
+        for w in range(8):
+            tq, dq = w % 2, w // 2
+            for n in range(2):
+                c = np.zeros((32, 4), np.float32)
+                for k in range(4):
+                    d0 = dq * 64 + 16 * k
+                    kt = sk[tq * 16 + 8 * n:tq * 16 + 8 * n + 8, d0:d0 + 16].T  # [k = dim, n = token]
+                    c = _mma(qb[:, d0:d0 + 16][_A_ROW, _A_COL], kt[_B_ROW, _B_COL], c)
+                hi = _C_ROW < 8  # c0, c1 (row g) + c2, c3 (row g + 8) of the same lane
+                s_part[dq, _C_ROW[hi].reshape(32, 2), (tq * 16 + 8 * n + _C_COL[hi]).reshape(32, 2)] = \
+                    c[hi].reshape(32, 2) + c[~hi].reshape(32, 2)
+        s = s_part[:, :G].sum(0) * np.float32(scale * np.log2(np.e))
+        s[:, max(valid, 0):] = -np.inf
+        m_new = np.maximum(m, s.max(1))
+        alpha = np.exp2(m - m_new)
+        p = np.exp2(s - m_new[:, None])
+        lsum, m = lsum * alpha + p.sum(1), m_new
+        pb = np.zeros((16, T), np.float32)  # P hi and lo rows, as for q
+        pb[:G] = _bf(p)
+        pb[8:8 + G] = _bf(p - pb[:G])
+        a16 = np.ones(16, np.float32)
+        a16[:G] = a16[8:8 + G] = alpha
+        for w in range(8):
+            for n in range(4):
+                c = acc[w, n] * a16[_C_ROW]
+                for k in range(2):
+                    vt = sv[16 * k:16 * k + 16, _pv_dim0(w, n):_pv_dim0(w, n) + 8]  # [k = token, n = dim]
+                    c = _mma(pb[:, 16 * k:16 * k + 16][_A_ROW, _A_COL], vt[_B_ROW, _B_COL], c)
+                acc[w, n] = c
+    out = np.full((G, 256), np.nan, np.float32)
+    written = np.zeros((G, 256), int)
+    for w in range(8):
+        for n in range(4):
+            keep = _C_ROW < G  # row g holds hi, row g + 8 (c2, c3 of the lane) lo
+            rows, cols = _C_ROW[keep], (_pv_dim0(w, n) + _C_COL)[keep]
+            lo = acc[w, n][:, 2:][_C_ROW[:, :2] < G]
+            out[rows, cols] = (acc[w, n][keep] + lo) / lsum[rows]
+            np.add.at(written, (rows, cols), 1)
+    assert (written == 1).all()  # every (head, dim) of the partial written exactly once
+    return out, m + np.log2(lsum)
+
+
+def _emulate_combine(lse: np.ndarray, o: np.ndarray, groups: int = 8, unroll: int = 8) -> np.ndarray:
+    """AttnCombineOnline's merge of the used splits (lse [used, H], o [used, H, d]): per group a running
+    maximum over loads of `unroll` splits (indices clamped to the last), then the groups rescaled to
+    the largest maximum. An empty lse (idle lane) gives zeros."""
+    used = lse.shape[0]
+    m = np.full((groups,) + lse.shape[1:], -np.inf, np.float32)
+    wsum, acc = np.zeros_like(m), np.zeros((groups,) + o.shape[1:], np.float32)
+    for g in range(groups):
+        for s0 in range(g, used, groups * unroll):
+            idx = [min(s0 + u * groups, used - 1) for u in range(unroll)]
+            m_new = np.maximum(m[g], lse[idx].max(0))
+            c = np.exp2(m[g] - m_new)
+            wsum[g], acc[g] = wsum[g] * c, acc[g] * c[..., None]
+            for u, i in enumerate(idx):
+                w = np.exp2(lse[i] - m_new) * (s0 + u * groups < used)
+                wsum[g], acc[g] = wsum[g] + w, acc[g] + o[i] * w[..., None]
+            m[g] = m_new
+    top = m.max(0)
+    top = np.where(top == -np.inf, 0, top)
+    f = np.exp2(m - top)
+    return (acc * f[..., None]).sum(0) / np.maximum((wsum * f).sum(0), 1)[..., None]
+
+
+@pytest.mark.parametrize("lens,splits,hkv", [([1, 63, 64, 65], 3, 4), ([200, 0, 130], 2, 2), ([97], 40, 4),
+                                             ([4000], 66, 4)])
+def test_mma_decode_emulation_matches_reference(lens, splits, hkv):
+    rng = np.random.default_rng()
+    G, d = 6, 256
+    lay = KVLayout(hkv)
+    need = [lay.pages_for(n) for n in lens]
+    order = rng.permutation(sum(need) + 2)
+    at, pages = 0, []
+    for n in need:
+        pages.append(order[at:at + n].tolist())
+        at += n
+    table = page_table(pages, max(need) + 1)
+    pool = lay.empty_pool(sum(need) + 2)  # NaN outside the cached tokens
+    for s, n in enumerate(lens):
+        if n:
+            kw = 1 + 0.5 * rng.standard_normal(d)  # RMS-normed, (1 + w)-weighted keys like the real cache
+            k = rng.standard_normal((n, hkv, d))
+            k = k / np.sqrt((k ** 2).mean(-1, keepdims=True)) * kw
+            lay.write(pool, table[s], 0, k.astype(np.float32), rng.standard_normal((n, hkv, d)).astype(np.float32))
+    flat = pool.reshape(-1, d).astype(np.float32)
+    scale = d ** -0.5
+    assert not np.any(_emulate_combine(np.zeros((0, G), np.float32), np.zeros((0, G, d), np.float32)))  # idle
+    for used in (1, 7, 9, 64, 65, 130):  # one or several loads per group, groups without splits
+        lse = (rng.standard_normal((used, G)) * 20).astype(np.float32)
+        o = rng.standard_normal((used, G, 8)).astype(np.float32)
+        w = np.exp2(lse - lse.max(0))
+        assert rel_error(_emulate_combine(lse, o), (o * w[..., None]).sum(0) / w.sum(0)[:, None]) < 1e-6
+    for s, n in enumerate(lens):
+        if not n:
+            assert all(_emulate_cta(np.zeros((G, d), np.float32), flat, table[s], n, splits, i, hkv, 0, scale)
+                       is None for i in range(splits))
+            continue
+        keys, values = lay.gather(pool, table[s], n)
+        for kvh in range(hkv):
+            q = rng.standard_normal((G, d))
+            q = (q / np.sqrt((q ** 2).mean(-1, keepdims=True)) * (1 + 0.5 * rng.standard_normal(d))).astype(np.float32)
+            parts = [_emulate_cta(q, flat, table[s], n, splits, i, hkv, kvh, scale) for i in range(splits)]
+            used = [p for p in parts if p is not None]
+            assert len(used) == -(-lay.pages_for(n) // max(-(-lay.pages_for(n) // splits), 1))
+            lse = np.stack([p[1] for p in used])
+            w = np.exp2(lse - lse.max(0))
+            o = (np.stack([p[0] for p in used]) * w[..., None]).sum(0) / w.sum(0)[:, None]
+            o_online = _emulate_combine(lse, np.stack([p[0] for p in used]))
+            assert rel_error(o_online, o) < 1e-6
+            sc = q.astype(np.float64) @ keys[:, kvh].astype(np.float64).T * scale
+            pr = np.exp(sc - sc.max(1, keepdims=True))
+            want = (pr / pr.sum(1, keepdims=True)) @ values[:, kvh].astype(np.float64)
+            # q and P as bf16 hi + lo pairs, fp32 accumulation: fp32-level error (bf16 q alone: ~2e-3)
+            assert rel_error(o, want) < 1e-5, (n, kvh, rel_error(o, want))
+            lse_all = (lse.max(0) + np.log2(w.sum(0))) / np.log2(np.e)  # merged lse, natural log
+            assert np.allclose(lse_all, sc.max(1) + np.log(pr.sum(1)), atol=2e-2)

@@ -1,6 +1,7 @@
-"""Tensor-core GEMV on the CPU: the kernel's decode (`cute_kernels.gemv_mma.pairs_*`, `b_regs`) run
-on numpy lanes, assembled into m16n8k16 fragments exactly as mma.sync reads them, against the numpy
-reference; the variant table, the launcher's checks, and a few cubin builds."""
+"""Tensor-core GEMV on the CPU: the kernel's `tile16-v1` addressing (`cute_kernels.gemv_mma.*_offset`)
+and decode (`pairs_*`, `b_regs`) run on numpy lanes, assembled into m16n8k16 fragments exactly as
+mma.sync reads them, against the numpy reference; the swiglu up-row mapping, the K split, the variant
+table, the launcher's checks, and a few cubin builds."""
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ from inferno.artifact.formats import groupwise as gw
 from inferno.cuda.errors import LaunchError
 from inferno.kernels import gemv_mma_variants as mv
 from inferno.kernels import qlayout as ql
+from inferno.kernels import tiled
 from inferno.kernels.build import build_variant, dsl_available
 from inferno.kernels.reference import bf16
 
@@ -92,55 +94,67 @@ def _b_matrix(regs):
 
 
 def emulate(fmt, pay, n, k, x):
-    """The kernel's arithmetic for plain [n, k] (n % 16 == 0), float64: decode per lane, mma per
-    tile and k-step, C started at -bias * sum(x), times the group scale."""
+    """The kernel's arithmetic for plain [n, k], float64: every lane's words read from the
+    `tile16-v1` image at the kernel's offsets (`cute_kernels.gemv_mma.*_offset`), decoded per lane,
+    one mma per tile and k-step, C started at -bias * sum(x), times the group scales."""
     from cute_kernels import gemv_mma as km
 
     ops = NumpyOps()
-    p = ql.planes(fmt, n, k)
-    words = np.frombuffer(pay, np.uint32)
-    base = words[: n * p.base_row].reshape(n, p.base_row)
-    high = words[p.high_off: p.high_off + n * p.high_row].reshape(n, p.high_row) if p.high_row else None
-    scales = ql.kernel_scales(fmt, pay, n, k).astype(np.float64)
-    xp = np.zeros((8, p.k_pad), np.float32)
+    s = gw.SCHEMES[fmt]
+    geo = tiled.tiled_geometry(fmt, n, k)
+    nt, ngr = geo.tiles, geo.groups
+    high, scale = km.plane_offsets(s.bits, nt, ngr)
+    assert (high, scale) == (geo.high_offset, geo.scale_offset)
+    words = tiled.tile(fmt, pay, n, k).view(np.uint32)
+
+    def at(off, e=0):  # the word e of each lane's run at byte offsets off
+        return words[np.asarray(off) // 4 + e]
+
+    k_pad = ngr * s.group
+    xp = np.zeros((8, k_pad), np.float32)
     xp[: x.shape[0], :k] = x
     xb = xp.astype(bf16).view(np.uint16).astype(np.uint32)
-    nx = 8 if p.bits < 8 else 4
-    kb = np.full(32, km.BIAS_BF16[p.bits] * 0x10001, np.uint32)
-    y = np.zeros((8, n))
-    for tile in range(n // 16):
-        for grp in range(p.k_pad // p.group):
-            k0 = grp * p.group + 2 * nx * TQ  # first x of each lane's slice
+    nx = 8 if s.bits < 8 else 4
+    kb = np.full(32, km.BIAS_BF16[s.bits] * 0x10001, np.uint32)
+    y = np.zeros((8, nt * 16))
+    for tile in range(nt):
+        for j in range(ngr):
+            k0 = km.x_first(s.bits, j, LANES)
             xw = [xb[G, k0 + 2 * i] | (xb[G, k0 + 2 * i + 1] << np.uint32(16)) for i in range(nx)]
-            bregs = km.b_regs(ops, p.bits, xw)
-            nb = sum(_a_matrix([kb] * 4) @ _b_matrix(bregs[m]) for m in km.bias_steps(p.bits))
+            bregs = km.b_regs(ops, s.bits, xw)
+            nb = sum(_a_matrix([kb] * 4) @ _b_matrix(bregs[m]) for m in km.bias_steps(s.bits))
+            w = [at(km.base_offset(tile, j, ngr, LANES), e) for e in range(4)]
+            if s.bits in (5, 6):
+                h0 = at(km.high_offset(s.bits, high, tile, j, ngr, LANES))
+                hh = [h0, h0 >> np.uint32(16)] if s.bits == 5 else \
+                    [h0, at(km.high_offset(s.bits, high, tile, j, ngr, LANES), 1)]
             prs = []
             for h in range(2):
-                rows = tile * 16 + 8 * h + G
-                w0, w1 = base[rows, grp * 8 + 2 * TQ], base[rows, grp * 8 + 2 * TQ + 1]
-                if p.bits == 4:
+                w0, w1 = w[2 * h], w[2 * h + 1]
+                if s.bits == 4:
                     prs.append(km.pairs_q4(ops, w0, w1))
-                elif p.bits == 5:
-                    hw = high[rows, 2 * grp + TQ // 2]
-                    hh = (hw.view(np.int32) >> (16 * (TQ % 2)).astype(np.int32)).view(np.uint32)
-                    prs.append(km.pairs_q5(ops, w0, w1, hh))
-                elif p.bits == 6:
-                    prs.append(km.pairs_q6(ops, w0, w1, high[rows, 4 * grp + TQ]))
+                elif s.bits == 5:
+                    prs.append(km.pairs_q5(ops, w0, w1, hh[h]))
+                elif s.bits == 6:
+                    prs.append(km.pairs_q6(ops, w0, w1, hh[h]))
                 else:
                     prs.append(km.pairs_w8(ops, w0, w1))
             d = nb
             for m in range(4):
                 a = _a_matrix([prs[0][m][0], prs[1][m][0], prs[0][m][1], prs[1][m][1]])
                 d = d + a @ _b_matrix(bregs[m])
-            rows16 = tile * 16 + np.arange(16)
-            y[:, rows16] += (scales[rows16, grp][:, None] * d).T
-    return y[: x.shape[0]]
+            sw = at(km.scale_offset(scale, tile, j // 2, ngr, LANES), j % 2)
+            sc = np.zeros(16)
+            sc[G] = (sw & 0xFFFF).astype(np.uint16).view(np.float16)
+            sc[G + 8] = (sw >> np.uint32(16)).astype(np.uint16).view(np.float16)
+            y[:, tile * 16:(tile + 1) * 16] += (sc[:, None] * d).T
+    return y[: x.shape[0], :n]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_decode_and_fragments_match_reference(fmt):
     rng = np.random.default_rng(7)
-    n, k, t = 32, 200, 5
+    n, k, t = 40, 200, 5  # ragged N (3 tiles, the last 8 rows zero), K not a multiple of 128
     pay = ql.random_payload(fmt, n, k, rng)
     x = rng.standard_normal((t, k)).astype(bf16).astype(np.float32)
     want = ql.reference(fmt, pay, n, k, x)
@@ -160,12 +174,45 @@ def test_extreme_codes(fmt):
     np.testing.assert_array_equal(got, ql.reference(fmt, pay, n, k, x))
 
 
+def test_swiglu_up_rows():
+    """The epilogue finds up row I + o at row (I % 16 + r) % 16 of up slot (I % 16 + r) // 16 of the unit."""
+    from cute_kernels import gemv_mma as km
+
+    for m in (16, 17, 501, 1000, 17408):
+        nt = -(-2 * m // 16)
+        for unit in range(-(-m // 16)):
+            tiles = km.unit_tiles("swiglu", unit, m, nt)
+            assert tiles[0] == unit and all(0 <= t < nt for t in tiles)
+            for r in range(16):
+                if 16 * unit + r < m:
+                    off = m % 16 + r
+                    assert 16 * tiles[1 + off // 16] + off % 16 == m + 16 * unit + r
+
+
+def test_k_split():
+    """The measured best splits of docs/kernels-gemv-mma.md (T = 1, H200)."""
+    assert mv.k_split(34816, 5120) == 4 and mv.k_split(17408, 5120, "swiglu") == 8  # gate_up
+    assert mv.k_split(5120, 17408, "residual") == 8 and mv.k_split(12288, 5120) == 4  # down, value_z
+    assert mv.k_split(4096, 5120) == 8 and mv.k_split(7168, 5120) == 4  # query_key, attention q|k
+    assert mv.k_split(248320, 5120) == 2 and mv.k_split(16, 8) == 8  # the output head, tiny
+    assert mv.k_split(34816, 5120, kws=(8,)) == 8
+
+
+def test_alternatives():
+    names = [v.name for v in mv.alternatives("Q4G64_F16S", "plain", 1)]
+    assert names == ["gemv_mma_q4_t1_k8_w8_r1_p5_xj", "gemv_mma_q4_t1_k8_w8_r2_p3"]
+    sw = mv.alternatives("Q6G64_F16S", "swiglu", 8)
+    assert [v.name for v in sw] == ["gemv_mma_q6_t8_swiglu_k8_w8_r1_p3_xj"] and not sw[0].config["xpre"]
+    assert mv.alternatives("W8G32_F16S", "residual", 1)[1].grid[0] == "cdiv(M, 32)"
+
+
 def test_variant_table():
     names = {v.name for v in mv.GEMV_MMA_VARIANTS}
-    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == 4 * 3 * 2
+    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == 4 * 3 * 2 * len(mv.KW)
     assert mv.variant_name("Q4G64_F16S", "swiglu", 1) == "gemv_mma_q4_t1_swiglu"
     assert mv.variant_name("W8G32_F16S", "residual", 2) == "gemv_mma_w8_t8_res"
     assert mv.variant_name("Q6G64_F16S", "plain", 8) == "gemv_mma_q6_t8"
+    assert "gemv_mma_q6_t8_k4" in names and all(v.pdl for v in mv.GEMV_MMA_VARIANTS)
     with pytest.raises(LaunchError, match="1..8 columns"):
         mv.variant_name("Q4G64_F16S", "plain", 9)
     with pytest.raises(LaunchError, match="weight format"):
@@ -173,16 +220,14 @@ def test_variant_table():
     with pytest.raises(LaunchError, match="epilogue"):
         mv.variant_name("Q4G64_F16S", "gelu")
     with pytest.raises(LaunchError, match="no tensor-core GEMV variant"):
-        mv.gemv_mma_variant("gemv_q4_t1")
-    alt = mv.make_variant("Q5G64_F16S", "plain", 1, tiles=2, warps=8, steps=1, stages=6)
-    assert alt.name == "gemv_mma_q5_t1_r2_w8_s1_p6" and alt.grid[0] == "cdiv(M, 32)"
-    assert not mv.prefers_mma("Q4G64_F16S", 1) and mv.prefers_mma("Q4G64_F16S", 3)
-    assert not mv.prefers_mma("W8G32_F16S", 4) and mv.prefers_mma("W8G32_F16S", 8)
-    with pytest.raises(LaunchError, match="weight format"):
-        mv.prefers_mma("BF16", 8)
+        mv.gemv_mma_variant("gemv_mma_q4_t1")
+    alt = mv.make_variant("Q5G64_F16S", "plain", 1, kw=2, warps=4, tiles=2, stages=4)
+    assert alt.name == "gemv_mma_q5_t1_k2_w4_r2_p4" and alt.grid[0] == "cdiv(M, 64)"
+    with pytest.raises(LaunchError, match="must divide"):
+        mv.make_variant("Q4G64_F16S", "plain", 1, kw=3)
     from inferno.kernels import registry
 
-    assert registry.get("gemv_mma_q4_t8_swiglu").grid[0] == "cdiv(M, 8)"
+    assert registry.get("gemv_mma_q4_t8_swiglu_k8").grid[0] == "cdiv(M, 16)"
 
 
 class _Loaded:
@@ -196,8 +241,9 @@ class _Loaded:
 def test_launcher_refuses_bad_arguments():
     from inferno.cuda.memory import DeviceBuffer
 
-    kern = mv.GemvMma(_Loaded(mv.gemv_mma_variant("gemv_mma_q4_t1_res")))
-    assert kern.outs == 16 and kern.fmt == "Q4G64_F16S"
+    kern = mv.GemvMma(*(_Loaded(mv.gemv_mma_variant(f"gemv_mma_q4_t1_res_k{kw}")) for kw in mv.KW))
+    assert kern.fmt == "Q4G64_F16S" and kern.name == "gemv_mma_q4_t1_res"
+    assert kern.member(5120, 17408)[1] == 16 and kern.member(248320, 5120)[1] == 64  # kw 8: 1 unit per CTA, kw 2: 4
     fake = DeviceBuffer.__new__(DeviceBuffer)
     with pytest.raises(LaunchError, match="exceeds its 1"):
         kern(fake, fake, fake, 64, 256, 2, r=fake)
@@ -205,14 +251,16 @@ def test_launcher_refuses_bad_arguments():
         kern(fake, fake, fake, 64, 260, 1, r=fake)
     with pytest.raises(LaunchError, match="residual"):
         kern(fake, fake, fake, 64, 256, 1)
-    bad = _Loaded(mv.gemv_mma_variant("gemv_mma_q4_t1"))
+    bad = _Loaded(mv.gemv_mma_variant("gemv_mma_q4_t1_k8"))
     bad.manifest.grid = ["cdiv(M, 4)", "1", "1"]
     with pytest.raises(LaunchError, match="manifest grid"):
         mv.GemvMma(bad)
+    with pytest.raises(LaunchError, match="one family"):
+        mv.GemvMma(_Loaded(mv.gemv_mma_variant("gemv_mma_q4_t1_k8")), _Loaded(mv.gemv_mma_variant("gemv_mma_q5_t1_k4")))
 
 
-@pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu", "sm_90a"), ("gemv_mma_q6_t8_res", "sm_90a"),
-                                       ("gemv_mma_w8_t1", "sm_120a")])
+@pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q6_t8_res_k8", "sm_90a"),
+                                       ("gemv_mma_w8_t1_k4", "sm_120a")])
 def test_builds(name, arch, tmp_path):
     v = mv.gemv_mma_variant(name)
     m = build_variant(v, arch, tmp_path)

@@ -1,4 +1,4 @@
-"""Decode attention (split-K partials + combine) per layer on the live GPU: previous vs new kernels.
+"""Decode attention (split-K partials + combine) per layer on the live GPU: old vs new kernels in one run.
 
     python tools/bench_attn_decode.py [--model 27b|35b] [--contexts 8192,65536] [--max-context 262144]
                                       [--layers N] [--out bench_attn.json]
@@ -7,10 +7,14 @@ One decode step's attention layers back to back, captured as a CUDA graph like t
 (events around 16 replays; each layer has its own KV pool, so nothing is served from L2 that a
 real step would read from HBM; decode + combine and decode alone are separate graphs), batch 1, the
 split count the executor uses (`default_splits(max_context, 1, n_kv_heads, sm_count)`) plus half
-and twice that for the new kernel. Prints us per layer for decode + combine and for decode alone,
-KV bytes per second and their share of this run's device copy rate (read + write bytes). Needs
-prebuilt cubins ($INFERNO_KERNEL_DIR) for attn_decode_g<G>, attn_decode_g<G>_regs, attn_combine
-and attn_combine_serial.
+and twice that for the new kernel. Kernels: `regs` (K/V through registers + serial combine),
+`pipelined` (cp.async K/V, fp32 CUDA-core dots, two-pass combine: the previous defaults), `mma` (the
+default: QK and PV on tensor cores; once with the two-pass combine, then with the default one-pass
+`attn_combine`) and `mma s3` (three K/V stages, sm_90a). Prints us per layer for decode + combine
+and for decode alone, KV bytes per second and their share of this run's device copy rate (read +
+write bytes). Needs prebuilt cubins
+($INFERNO_KERNEL_DIR) for attn_decode_g<G>{,_s3,_pipelined,_regs} and attn_combine{,_2pass,_serial}
+(`python -m inferno.kernels.attn_variants DIR sm_90a`).
 """
 
 from __future__ import annotations
@@ -62,9 +66,13 @@ def bench_context(dev: Device, stream: Stream, cfg: ModelConfig, layers: int, co
     lay = KVLayout(hkv)
     per_seq = lay.pages_for(context)
     base = av.default_splits(max_context, 1, hkv, dev.sm_count)
-    runs = [("previous", f"{av.decode_variant(hq, hkv).name}_regs", "attn_combine_serial", base)]
-    runs += [("new", av.decode_variant(hq, hkv).name, av.COMBINE.name, s)
-             for s in sorted({max(1, base // 2), base, 2 * base})]
+    name = av.decode_variant(hq, hkv).name
+    runs = [("regs", f"{name}_regs", "attn_combine_serial", base),
+            ("pipelined", f"{name}_pipelined", "attn_combine_2pass", base),
+            ("mma", name, "attn_combine_2pass", base)]
+    runs += [("mma", name, av.COMBINE.name, s) for s in sorted({max(1, base // 2), base, 2 * base})]
+    if dev.arch == "sm_90a":
+        runs += [("mma s3", f"{name}_s3", av.COMBINE.name, s) for s in sorted({base, 2 * base})]
     pools = [device_alloc(per_seq * lay.page_bytes, f"kv layer {i}") for i in range(layers)]
     for p in pools:
         memset_d8(p, 0)
@@ -103,7 +111,7 @@ def bench_context(dev: Device, stream: Stream, cfg: ModelConfig, layers: int, co
                        combine_us=both - alone, kv_mb=kv_bytes / 1e6, kv_gbps=kv_bytes / both / 1e3,
                        pct_copy=100 * kv_bytes / both / 1e3 / copy_gbps)
             rows.append(row)
-            log(f"{label:8s} {dec_name:22s} {comb_name:20s} ctx {context:6d} splits {splits:3d} ({used:3d} used, "
+            log(f"{label:9s} {dec_name:24s} {comb_name:20s} ctx {context:6d} splits {splits:3d} ({used:3d} used, "
                 f"{used * hkv:4d} CTAs): {both:7.2f} us/layer (decode {alone:6.2f}, combine {both - alone:5.2f}), "
                 f"{row['kv_gbps']:6.0f} GB/s = {row['pct_copy']:5.1f} % of copy")
     finally:

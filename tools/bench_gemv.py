@@ -2,7 +2,7 @@
 
     python tools/bench_gemv.py [--out bench_gemv.json] [--quick] [--tune] [--compare]
     python tools/bench_gemv.py --build DIR [--tune] [--compare]   (build those extra variants)
-    python tools/bench_gemv.py --mma [--mma-tune] [--out f.json]   (tensor-core GEMV vs this one)
+    python tools/bench_gemv.py --mma [--mma-tune] [--out f.json]   (tiled tensor-core GEMV vs this one)
     python tools/bench_gemv.py --build DIR --mma [--mma-tune]      (build the variants --mma times)
 
 Each case replays a CUDA graph of back-to-back launches that cycle over enough copies of the
@@ -10,9 +10,10 @@ weights (>= 512 MB in all) that no launch finds its weights in L2, as in decode.
 over replays of (graph time / launches). GB/s counts weight + x + y (+ r) bytes once.
 Copy bandwidth: a 1 GiB device-to-device copy, bytes read + written. --tune adds rows/threads
 alternatives of the T=1 kernels, --compare the old-constant and 8-row swiglu ones. Prints a
-table, then markdown rows. --mma times the tensor-core GEMV (`gemv_mma_*`) against the CUDA-core
-one at T = 1 and 8 on the 27B shapes (--mma-tune adds tiles/warps/steps/stages alternatives) and
-prints a comparison table (it replaces the default, --tune and --compare cases).
+table, then markdown rows. --mma times the tensor-core GEMV (`gemv_mma_*`, weights in `tile16-v1`)
+against the CUDA-core one (row-split payload) at T = 1 and 8 on the 27B shapes (--mma-tune adds
+every K-split member at T = 1) and prints a comparison table last (it replaces the default, --tune
+and --compare cases).
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ from inferno.kernels.reference import bf16  # noqa: E402
 from inferno.kernels.cache import load  # noqa: E402
 from inferno.kernels import gemv_mma_variants as mv  # noqa: E402
 from inferno.kernels.gemv_variants import GemvQ, make_variant, variant_name  # noqa: E402
+from inferno.kernels.tiled import tile  # noqa: E402
 
-SHAPES = {"gate_up": (34816, 5120), "down": (5120, 17408), "qkv": (12288, 5120), "head": (248320, 5120)}
-LAYER_SHAPES = ("gate_up", "down", "qkv")  # the default and --compare cases (head: --mma, Q6 only)
-# (tiles, warps, steps, stages) alternatives of the tensor-core GEMV (--mma-tune; the GPU test runs them too)
-MMA_TUNE = ((1, 4, 1, 3), (1, 4, 1, 6), (1, 4, 2, 4), (1, 8, 1, 4), (2, 4, 1, 4), (2, 4, 1, 6), (2, 8, 1, 4),
-            (1, 2, 1, 6))
+SHAPES = {"gate_up": (34816, 5120), "down": (5120, 17408), "qkv": (12288, 5120), "head": (248320, 5120),
+          "value_z": (12288, 5120), "query_key": (4096, 5120), "gdn_out": (5120, 6144), "attn_qk": (7168, 5120)}
+LAYER_SHAPES = ("gate_up", "down", "qkv")  # the default and --compare cases
+# --mma: (shape, epilogue) per format (the head: Q6 only)
+MMA_COMBOS = (("gate_up", "plain"), ("gate_up", "swiglu"), ("down", "plain"), ("down", "residual"),
+              ("value_z", "plain"), ("query_key", "plain"), ("gdn_out", "residual"), ("attn_qk", "plain"))
 FMT_SHORT = {"Q4G64_F16S": "Q4", "Q5G64_F16S": "Q5", "Q6G64_F16S": "Q6", "W8G32_F16S": "W8"}
 WORKING_SET = 512 << 20
 
@@ -81,10 +84,12 @@ def copy_bandwidth(stream: Stream, nbytes: int = 1 << 30) -> float:
 
 
 class Weights:
-    """Copies of one random payload on the device, uploaded once per (format, shape)."""
+    """Copies of one random payload (or its tile16-v1 image) on the device, uploaded once per
+    (format, shape, layout)."""
 
-    def __init__(self, fmt: str, n: int, k: int, rng: np.random.Generator):
-        pay = ql.random_payload(fmt, n, k, rng)
+    def __init__(self, fmt: str, n: int, k: int, pay: np.ndarray, tiled: bool = False):
+        if tiled:
+            pay = tile(fmt, pay, n, k)
         self.nbytes = pay.nbytes
         first = to_device(None, pay, f"w {fmt}")
         self.bufs = [first]
@@ -98,7 +103,7 @@ class Weights:
             b.free()
 
 
-def bench_case(kern: GemvQ, w: Weights, n: int, k: int, cols: int, stream: Stream, rng) -> float:
+def bench_case(kern: "GemvQ | mv.GemvMma", w: Weights, n: int, k: int, cols: int, stream: Stream, rng) -> float:
     """Microseconds per launch."""
     m = n // 2 if kern.epilogue == "swiglu" else n
     x = to_device(None, rng.standard_normal((cols, k), np.float32).astype(bf16), "x")
@@ -165,7 +170,9 @@ def main() -> None:
     if a.build:
         from inferno.kernels.build import build_all
 
-        build_all(list({v.name: v for v, _, _ in extra}.values()), ["sm_90a"], Path(a.build))
+        fam = {f"{v}_k{kw}" for v, _, _ in extra if isinstance(v, str) for kw in mv.KW}
+        vs = [v for v, _, _ in extra if not isinstance(v, str)] + [mv.gemv_mma_variant(nm) for nm in sorted(fam)]
+        build_all(list({v.name: v for v in vs}.values()), ["sm_90a"], Path(a.build))
         return
     dev = Device.open()
     stream = Stream.create()
@@ -180,17 +187,26 @@ def main() -> None:
                 cases.append((variant_name(fmt, "plain", cols), fmt, shape, cols, None))
         cases += [(variant_name(fmt, "swiglu", c), fmt, "gate_up", c, None) for c in cols_list]
         cases += [(variant_name(fmt, "residual", c), fmt, "down", c, None) for c in cols_list]
-    cases += [(v.name, f, shape, v.config["cols"], v) for v, f, shape in extra]
-    cases.sort(key=lambda c: (c[1], c[2]))  # one weight upload per (format, shape)
+    for v, f, shape in extra:
+        if isinstance(v, str):  # a tensor-core family: the launcher picks the member
+            cases.append((v, f, shape, 8 if "_t8" in v else 1, None))
+        else:
+            cases.append((v.name, f, shape, v.config["cols"], v))
+    cases.sort(key=lambda c: (c[1], c[2], c[0].startswith("gemv_mma_")))  # one upload per (format, shape, layout)
     rows_out = []
     weights: dict = {}
+    payload: tuple = (None, None)
     for name, fmt, shape, cols, v in cases:
         n, k = SHAPES[shape]
-        if (fmt, shape) not in weights:
+        key = (fmt, shape, name.startswith("gemv_mma_"))
+        if key not in weights:
             for old in weights.values():
                 old.free()
-            weights = {(fmt, shape): Weights(fmt, n, k, rng)}
-        w = weights[(fmt, shape)]
+            if payload[0] != (fmt, shape):  # one random payload per (format, shape), both layouts
+                payload = ((fmt, shape), ql.random_payload(fmt, n, k, rng))
+            log(f"uploading {fmt} {shape} {'tile16-v1' if key[2] else 'row-split'}")
+            weights = {key: Weights(fmt, n, k, payload[1], tiled=key[2])}
+        w = weights[key]
         try:
             cls = mv.GemvMma if name.startswith("gemv_mma_") else GemvQ
             kern = cls(load(v, dev)) if v is not None else cls.load(name, dev)
@@ -217,41 +233,56 @@ def main() -> None:
         print(f"| {r['variant']} | {r['shape']} | {r['T']} | {r['weight_mb']:.1f} | {r['us']:.1f} | "
               f"{r['floor_us']:.1f} | {r['gbps']:.0f} | {r['pct_copy']:.0f} |")
     if a.mma:
-        print_mma_table(rows_out)
+        print_mma_table(rows_out, copy)
 
 
 def mma_cases(tune: bool) -> list:
-    """(variant, format, shape): per format the CUDA-core and the tensor-core GEMV at T = 1 and 8 on
-    gate_up (plain, swiglu), down (plain, residual), qkv / value_z (plain); the Q6 output head;
-    with `tune` the MMA_TUNE shapes of the T = 1 kernels on gate_up and down."""
+    """(variant or family name, format, shape, epilogue, T): per format the CUDA-core and the tiled
+    tensor-core GEMV (the family: its launcher picks the K split) at T = 1 and 8 on MMA_COMBOS and the
+    Q6 output head; with `tune` every K-split member and `mv.alternatives` at T = 1 (plain, swiglu)."""
     out = []
     for fmt in FMT_SHORT:
-        combos = [("gate_up", "plain"), ("gate_up", "swiglu"), ("down", "plain"), ("down", "residual"),
-                  ("qkv", "plain")] + ([("head", "plain")] if fmt == "Q6G64_F16S" else [])
+        combos = MMA_COMBOS + ((("head", "plain"),) if fmt == "Q6G64_F16S" else ())
         for shape, epi in combos:
             for cols in (1, 8):
                 out.append((make_variant(fmt, epi, cols), fmt, shape))
-                out.append((mv.make_variant(fmt, epi, cols), fmt, shape))
-                if tune and cols == 1 and shape in ("gate_up", "down"):
-                    out += [(mv.make_variant(fmt, epi, 1, *c), fmt, shape) for c in MMA_TUNE]
+                out.append((mv.variant_name(fmt, epi, cols), fmt, shape))
+                if tune and cols == 1 and epi != "residual":
+                    out += [(mv.make_variant(fmt, epi, 1, kw), fmt, shape) for kw in mv.KW]
+                    out += [(v, fmt, shape) for v in mv.alternatives(fmt, epi, 1)]
     return out
 
 
-def print_mma_table(rows: list) -> None:
-    """Tensor-core vs CUDA-core rows of the same (format, shape, epilogue, T)."""
+def _family(name: str) -> str:
+    return re.sub(r"_k\d+(_w\d+_r\d+_p\d+(_xj)?)?$", "", name)
+
+
+def print_mma_table(rows: list, copy: float) -> None:
+    """Short table: tiled tensor-core (family) vs CUDA-core rows of the same (format, shape, epilogue, T),
+    with the fastest K-split member where measured."""
     def key(r):
-        return (re.sub(r"_r\d+_w\d+_s\d+_p\d+$", "", r["variant"].replace("gemv_mma_", "gemv_")), r["shape"], r["T"])
+        return (_family(r["variant"]).replace("gemv_mma_", "gemv_"), r["shape"], r["T"])
 
     old = {key(r): r for r in rows if not r["variant"].startswith("gemv_mma_")}
-    print("\n| variant | shape | T | us | GB/s | % copy | CUDA-core us (% copy) | speedup |")
+    best: dict = {}
+    for r in rows:
+        if r["variant"].startswith("gemv_mma_") and r["variant"] != _family(r["variant"]):
+            b = best.get(key(r))
+            if b is None or r["us"] < b["us"]:
+                best[key(r)] = r
+    print(f"\ncopy {copy:.0f} GB/s = 100 %")
+    print("| format | shape | epilogue | T | CUDA-core us (% copy) | tiled mma us (% copy) | speedup | best member |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        if r["variant"].startswith("gemv_mma_"):
-            o = old.get(key(r))
-            ref = f"{o['us']:.1f} ({o['pct_copy']:.0f} %)" if o else "-"
-            sp = f"{o['us'] / r['us']:.2f}x" if o else "-"
-            print(f"| {r['variant']} | {r['shape']} | {r['T']} | {r['us']:.1f} | {r['gbps']:.0f} | "
-                  f"{r['pct_copy']:.0f} | {ref} | {sp} |")
+        if not r["variant"].startswith("gemv_mma_") or r["variant"] != _family(r["variant"]):
+            continue
+        o, b = old.get(key(r)), best.get(key(r))
+        epi = "swiglu" if "_swiglu" in r["variant"] else "residual" if "_res" in r["variant"] else "plain"
+        ref = f"{o['us']:.1f} ({o['pct_copy']:.0f} %)" if o else "-"
+        sp = f"{o['us'] / r['us']:.2f}x" if o else "-"
+        bm = f"{b['variant'][len(_family(b['variant'])) + 1:]} {b['us']:.1f} ({b['pct_copy']:.0f} %)" if b else "-"
+        print(f"| {r['format']} | {r['shape']} | {epi} | {r['T']} | {ref} | {r['us']:.1f} ({r['pct_copy']:.0f} %) "
+              f"| {sp} | {bm} |")
 
 
 if __name__ == "__main__":

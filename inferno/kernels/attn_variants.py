@@ -4,8 +4,9 @@ Three kernels per attention layer and decode step (docs/kernels-attention.md):
   attn_qk_prep        q/k norm + RoPE, k and v written into the paged KV cache (kv_layout.py)
   attn_decode_g<G>    split-K attention partials; one CTA per (split, kv head, sequence), the G
                       query heads of a kv head share its K/V reads (G = 6 for 27B, 8 for 35B-A3B),
-                      K/V double-buffered through shared memory with cp.async
-  attn_combine        merges the splits, applies the sigmoid gate, writes bf16 [B, Hq*256]
+                      K/V double-buffered through shared memory with cp.async, QK^T and PV on
+                      tensor cores (mma.sync); `_pipelined` / `_regs`: the previous CUDA-core kernels
+  attn_combine        merges the splits in one pass, applies the sigmoid gate, writes bf16 [B, Hq*256]
 
 Shapes (d = 256): qg bf16 [B, Hq*2d] (per head [q | gate]), k and v bf16 [B, Hkv*d], q_norm and
 k_norm bf16 [d], positions and lens int32 [B] (lens = cached tokens including this one),
@@ -23,7 +24,7 @@ from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import TensorArg
 from inferno.kernels.kv_layout import HEAD_DIM, PAGE_TOKENS
 from inferno.kernels.launchers import Launcher, _buf, _int
-from inferno.kernels.registry import Scalar, Tensor, Variant
+from inferno.kernels.registry import ARCHS, Scalar, Tensor, Variant
 
 if TYPE_CHECKING:
     from inferno.cuda.device import Device
@@ -53,45 +54,62 @@ PREP = Variant(
 )
 
 
-def _decode(group: int, block: int, ctas_per_sm: int, cls: str = "AttnDecodePipelined", suffix: str = "") -> Variant:
-    how = "K/V double-buffered through smem (cp.async)" if cls == "AttnDecodePipelined" else "K/V through registers"
+def _decode(group: int, block: int, ctas_per_sm: int, cls: str = "AttnDecodePipelined", suffix: str = "",
+            stages: int = 2) -> Variant:
+    how = {"AttnDecodeMma": f"QK and PV on tensor cores (mma.sync; q and P as bf16 hi + lo), {stages} K/V "
+                            f"stages through smem (cp.async)",
+           "AttnDecodePipelined": "K/V double-buffered through smem (cp.async), fp32 CUDA-core dots",
+           "AttnDecode": "K/V through registers"}[cls]
+    config = dict(group=group, block=block, ctas_per_sm=ctas_per_sm)
+    if cls == "AttnDecodeMma":
+        config["stages"] = stages
     return Variant(
         name=f"attn_decode_g{group}{suffix}", op="attn_decode", source="cute_kernels.attn_decode", cls=cls,
-        config=dict(group=group, block=block, ctas_per_sm=ctas_per_sm),
+        config=config,
         args=(_Q, _LENS, _PT, _KV, _PO, _PL, Scalar("scale", "f32")),
         grid=("S", f"Hq // {group}", "B"),
         divisibility={"Hq": group, "kv_stride": 8, "q_sb": 4, "po_sb": 4, "po_sh": 4},
         pdl=True,
+        # three 32 KiB K/V stages (~110 KiB) exceed sm_120a's 99 KiB per block
+        archs=("sm_90a",) if stages > 2 else ARCHS,
         summary=f"split-K paged decode attention partials, {group} query heads per kv head, d = 256, "
                 f"{block}-token blocks, {ctas_per_sm} CTA(s) per SM, {how}",
     )
 
 
-def _combine(groups: int, unroll: int, suffix: str = "") -> Variant:
+def _combine(groups: int, unroll: int, suffix: str = "", cls: str = "AttnCombine") -> Variant:
     return Variant(
-        name=f"attn_combine{suffix}", op="attn_combine", source="cute_kernels.attn_decode", cls="AttnCombine",
+        name=f"attn_combine{suffix}", op="attn_combine", source="cute_kernels.attn_decode", cls=cls,
         config=dict(groups=groups, unroll=unroll),
         args=(_PO, _PL, _LENS, _QG, Tensor("out", "bf16", ("B", "OD"), ("out_stride", 1))),
         grid=("Hq", "B", "1"),
         divisibility={"QG": 8, "OD": 8, "qg_stride": 8, "out_stride": 8, "po_sb": 4, "po_sh": 4},
         pdl=True,
-        summary=f"merge split-K partials (log-sum-exp, {groups} split group(s) of 64 threads), "
-                f"o *= sigmoid(gate), bf16 out",
+        summary=f"merge split-K partials (log-sum-exp, {groups} split group(s) of 64 threads, "
+                f"{'one pass' if cls == 'AttnCombineOnline' else 'max pass first'}), o *= sigmoid(gate), bf16 out",
     )
 
 
 CTAS_PER_SM = 2  # decode CTAs resident per SM (~73 KiB of smem and <= 128 registers each on sm_90a)
 
-# Defaults (`attn_decode_g<G>`, `attn_combine`): the pipelined kernel, 32-token blocks double-buffered
-# (2 x 32 KiB of K/V stages), two CTAs per SM; the combine merges the splits with 8 groups of 64
-# threads. The `_regs` decode variants and `attn_combine_serial` are the previous defaults (K/V loaded
-# straight into registers one block at a time; one 64-thread group walking the splits), kept as the
-# baseline of tools/bench_attn_decode.py and as a fallback.
+# Defaults (`attn_decode_g<G>`, `attn_combine`): the tensor-core kernel (QK and PV by mma.sync), 32-token
+# blocks double-buffered (2 x 32 KiB of K/V stages), two CTAs per SM; the combine merges the splits in one
+# pass with 8 groups of 64 threads. `_s3`: the same with three stages (sm_90a only; two CTAs need ~222 KiB
+# of the SM's 228), a candidate for the default once measured. Fallbacks and baselines of
+# tools/bench_attn_decode.py: `_pipelined` + `attn_combine_2pass` (fp32 CUDA-core dots; the max-lse
+# sweep before the merge: the previous defaults), `_regs` and `attn_combine_serial` (K/V loaded straight
+# into registers one block at a time; one 64-thread group walking the splits).
 DECODE_VARIANTS: tuple[Variant, ...] = (
-    _decode(2, 32, CTAS_PER_SM), _decode(6, 32, CTAS_PER_SM), _decode(8, 32, CTAS_PER_SM),
+    _decode(2, 32, CTAS_PER_SM, "AttnDecodeMma"), _decode(6, 32, CTAS_PER_SM, "AttnDecodeMma"),
+    _decode(8, 32, CTAS_PER_SM, "AttnDecodeMma"),
+    _decode(6, 32, CTAS_PER_SM, "AttnDecodeMma", "_s3", stages=3),
+    _decode(8, 32, CTAS_PER_SM, "AttnDecodeMma", "_s3", stages=3),
+    _decode(2, 32, CTAS_PER_SM, "AttnDecodePipelined", "_pipelined"),
+    _decode(6, 32, CTAS_PER_SM, "AttnDecodePipelined", "_pipelined"),
+    _decode(8, 32, CTAS_PER_SM, "AttnDecodePipelined", "_pipelined"),
     _decode(6, 32, 2, "AttnDecode", "_regs"), _decode(8, 64, 1, "AttnDecode", "_regs"))
-COMBINE = _combine(8, 4)
-COMBINE_VARIANTS: tuple[Variant, ...] = (COMBINE, _combine(1, 1, "_serial"))
+COMBINE = _combine(8, 8, cls="AttnCombineOnline")
+COMBINE_VARIANTS: tuple[Variant, ...] = (COMBINE, _combine(8, 4, "_2pass"), _combine(1, 1, "_serial"))
 ATTN_VARIANTS: tuple[Variant, ...] = (PREP, *DECODE_VARIANTS, *COMBINE_VARIANTS)
 _BY_NAME = {v.name: v for v in ATTN_VARIANTS}
 

@@ -83,7 +83,7 @@ def test_decode_uses_the_nvfp4_gemv(graph_ex):
     from inferno.model.gpu.residency import gemv_kinds
 
     kinds = gemv_kinds(graph_ex.plan.placements)
-    assert {("NVFP4", "plain"), ("NVFP4", "residual"), ("NVFP4", "swiglu")} <= kinds, kinds
+    assert {("NVFP4", "plain", False), ("NVFP4", "residual", False), ("NVFP4", "swiglu", False)} <= kinds, kinds
     assert {"gemv_nvfp4_t1", "gemv_nvfp4_t1_res", "gemv_nvfp4_t1_swiglu"} <= set(graph_ex.ops._gemv), \
         sorted(graph_ex.ops._gemv)
 
@@ -174,7 +174,7 @@ def test_mixed_bf16_nvfp4_greedy_matches_reference(mixed_artifact):
         from inferno.model.gpu.residency import gemv_kinds
 
         kinds = gemv_kinds(ex.plan.placements)
-        assert {("BF16", "plain"), ("BF16", "residual"), ("NVFP4", "swiglu")} <= kinds, kinds
+        assert {("BF16", "plain", False), ("BF16", "residual", False), ("NVFP4", "swiglu", False)} <= kinds, kinds
         assert {"gemv_bf16_t1", "gemv_bf16_t1_res"} <= set(ex.ops._gemv), sorted(ex.ops._gemv)
         for length in (10, 100):
             run_greedy(mixed_artifact, ref, ex, length)

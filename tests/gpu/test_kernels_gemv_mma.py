@@ -1,97 +1,140 @@
-"""Tensor-core decode GEMV on the live GPU vs the numpy model: every format x epilogue, T = 1, 2, 5, 8,
-the 27B shapes (gate_up, down, GDN value_z, the Q6 output head on sampled columns), a ragged one and
-small odd ones; the benchmark's alternative kernel shapes; fresh random inputs, poisoned outputs with
-a guard tail. The case runner is the CUDA-core GEMV
-test's (`tests/gpu/test_kernels_gemv.py`), pointed at the mma launcher. Cubins come from
-$INFERNO_KERNEL_DIR (`python -m inferno.kernels.gemv_mma_variants DIR`).
+"""Tensor-core decode GEMV on the live GPU vs the numpy model: the weights uploaded as their
+`tile16-v1` image (`inferno.kernels.tiled.tile`), every format x epilogue, T = 1, 2, 5, 8, the 27B
+shapes (gate_up, down, GDN value_z, query_key, GDN output, attention q|k, the Q6 output head on
+sampled columns), ragged and small odd ones, every K-split member and the benchmark's alternative
+kernel shapes on a few shapes; fresh random
+inputs, poisoned outputs with a guard tail. Cubins come from $INFERNO_KERNEL_DIR
+(`python -m inferno.kernels.gemv_mma_variants DIR`).
 """
 
-import importlib.util
-from pathlib import Path
-
+import numpy as np
 import pytest
 
 from inferno.artifact.formats import groupwise as gw
+from inferno.cuda.copy import from_device, memset_d8, to_device
+from inferno.cuda.device import Device
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import gemv_mma_variants as mv
+from inferno.kernels import qlayout as ql
 from inferno.kernels.cache import load
-
-_spec = importlib.util.spec_from_file_location("gemv_gpu_cases", Path(__file__).with_name("test_kernels_gemv.py"))
-tg = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tg)
-device, rng = tg.device, tg.rng  # the shared fixtures
+from inferno.kernels.reference import BF16_TOL, bf16, rel_error
+from inferno.kernels.tiled import tile
 
 FORMATS = list(gw.SCHEMES)
-GATE_UP, DOWN, VALUE_Z, HEAD, RAGGED = (34816, 5120), (5120, 17408), (12288, 5120), (248320, 5120), (1002, 200)
+GATE_UP, DOWN, VALUE_Z, QUERY_KEY = (34816, 5120), (5120, 17408), (12288, 5120), (4096, 5120)
+GDN_OUT, ATTN_QK, HEAD, RAGGED = (5120, 6144), (7168, 5120), (248320, 5120), (1002, 200)
 COLS = [1, 2, 5, 8]
+GUARD = 256
+SAMPLE = 384
 
 
-@pytest.fixture(autouse=True)
-def mma_launcher(monkeypatch):
-    """Run the shared case runner with the tensor-core launcher and variant names."""
-    monkeypatch.setattr(tg, "GemvQ", mv.GemvMma)
-    monkeypatch.setattr(tg, "variant_name", mv.variant_name)
+@pytest.fixture(scope="module")
+def device():
+    return Device.open()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()  # fresh inputs every run
+
+
+_weights: dict = {}
+
+
+def weights(fmt, n, k, rng):
+    """(row-split payload, device tile16-v1 image), one upload per (format, shape) for the module."""
+    key = (fmt, n, k)
+    if key not in _weights:
+        if len(_weights) > 8:  # keep device and host memory bounded
+            for _, buf in _weights.values():
+                buf.free()
+            _weights.clear()
+        pay = ql.random_payload(fmt, n, k, rng)
+        _weights[key] = (pay, to_device(None, tile(fmt, pay, n, k), f"w {fmt} tiled"))
+    return _weights[key]
+
+
+def run_case(device, rng, fmt, epilogue, n, k, cols, kern=None):
+    kern = kern or mv.GemvMma.load(mv.variant_name(fmt, epilogue, cols), device)
+    pay, dw = weights(fmt, n, k, rng)
+    m = n // 2 if epilogue == "swiglu" else n
+    x = rng.standard_normal((cols, k), np.float32).astype(bf16)
+    r = rng.standard_normal((cols, m), np.float32).astype(bf16) if epilogue == "residual" else None
+    dx = to_device(None, x, "x")
+    dr = to_device(None, r, "r") if r is not None else None
+    out_bytes = cols * m * 2
+    dy = device_alloc(out_bytes + GUARD, "y")
+    memset_d8(dy, 0xFF)
+    try:
+        kern(dw, dx, dy, n, k, cols, r=dr)
+        raw = from_device(dy, np.uint8, (out_bytes + GUARD,))
+    finally:
+        for b in (dx, dr, dy):
+            if b is not None:
+                b.free()
+    y = raw[:out_bytes].view(bf16).reshape(cols, m).astype(np.float32)
+    outs = np.arange(m) if m <= SAMPLE else np.unique(np.r_[0, m - 1, rng.choice(m, SAMPLE, replace=False)])
+    want = ql.reference(fmt, pay, n, k, x.astype(np.float32), epilogue,
+                        r[:, outs].astype(np.float32) if r is not None else None, outs)
+    assert np.all(raw[out_bytes:] == 0xFF), "guard tail written"
+    assert not np.isnan(y).any(), f"{int(np.isnan(y).sum())} outputs unwritten"
+    err = rel_error(y[:, outs], want.astype(np.float32))
+    assert err <= BF16_TOL, f"rel err {err:.2e}"
 
 
 @pytest.mark.parametrize("cols", COLS)
-@pytest.mark.parametrize("n,k", [GATE_UP, DOWN, VALUE_Z, RAGGED])
+@pytest.mark.parametrize("n,k", [GATE_UP, DOWN, VALUE_Z, QUERY_KEY, GDN_OUT, ATTN_QK, RAGGED])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_plain(device, rng, fmt, n, k, cols):
-    tg.run_case(device, rng, fmt, "plain", n, k, cols)
+    run_case(device, rng, fmt, "plain", n, k, cols)
 
 
 @pytest.mark.parametrize("cols", COLS)
-@pytest.mark.parametrize("n,k", [GATE_UP, RAGGED])
+@pytest.mark.parametrize("n,k", [GATE_UP, RAGGED, (34, 136)])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_swiglu(device, rng, fmt, n, k, cols):
-    tg.run_case(device, rng, fmt, "swiglu", n, k, cols)
+    run_case(device, rng, fmt, "swiglu", n, k, cols)
 
 
 @pytest.mark.parametrize("cols", COLS)
-@pytest.mark.parametrize("n,k", [DOWN, RAGGED])
+@pytest.mark.parametrize("n,k", [DOWN, GDN_OUT, RAGGED])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_residual(device, rng, fmt, n, k, cols):
-    tg.run_case(device, rng, fmt, "residual", n, k, cols)
+    run_case(device, rng, fmt, "residual", n, k, cols)
 
 
 @pytest.mark.parametrize("cols", [1, 8])
 def test_output_head(device, rng, cols):
-    tg.run_case(device, rng, "Q6G64_F16S", "plain", *HEAD, cols)
+    run_case(device, rng, "Q6G64_F16S", "plain", *HEAD, cols)
 
 
-@pytest.mark.parametrize("n,k", [(16, 8), (17, 136), (40, 1000)])
+@pytest.mark.parametrize("n,k", [(16, 8), (17, 136), (40, 1000), (8, 17408)])
 def test_small_and_odd_shapes(device, rng, n, k):
     for fmt in FORMATS:
-        tg.run_case(device, rng, fmt, "plain", n, k, 3)
+        run_case(device, rng, fmt, "plain", n, k, 3)
+        run_case(device, rng, fmt, "swiglu", 2 * n, k, 3)
 
 
-# (tiles, warps, steps, stages) of the benchmark's alternatives (tools/bench_gemv.py MMA_TUNE).
-SHAPES_OF_KERNEL = [(1, 4, 1, 3), (1, 4, 1, 6), (1, 4, 2, 4), (1, 8, 1, 4), (2, 4, 1, 4), (2, 4, 1, 6),
-                    (2, 8, 1, 4), (1, 2, 1, 6)]
-
-
-@pytest.mark.parametrize("shape", SHAPES_OF_KERNEL, ids=lambda c: "r{}_w{}_s{}_p{}".format(*c))
+@pytest.mark.parametrize("kw", mv.KW)
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_other_kernel_shapes(device, rng, monkeypatch, fmt, shape):
-    """The non-default tiles/warps/steps/stages (T = 1 builds) compute the same."""
-    made = {}
+def test_every_member(device, rng, fmt, kw):
+    """Each K split computes the same, whichever the shape would pick."""
+    for epi, n, k in (("plain", 300, 2048), ("plain", 2000, 5120), ("swiglu", *RAGGED), ("swiglu", 96, 1024),
+                      ("residual", *RAGGED)):
+        for cols in (1, 8):
+            kern = mv.GemvMma(load(mv.gemv_mma_variant(f"{mv.variant_name(fmt, epi, cols)}_k{kw}"), device))
+            run_case(device, rng, fmt, epi, n, k, cols, kern)
 
-    def name(f, epi, cols):
-        v = mv.make_variant(f, epi, cols, *shape)
-        made[v.name] = v
-        return v.name
 
-    class Shaped:
-        @staticmethod
-        def load(n, dev):
-            return mv.GemvMma(load(made[n], dev))
-
-    monkeypatch.setattr(tg, "GemvQ", Shaped)
-    monkeypatch.setattr(tg, "variant_name", name)
-    tg.run_case(device, rng, fmt, "plain", 300, 2048, 1)
-    tg.run_case(device, rng, fmt, "swiglu", *RAGGED, 1)
-    tg.run_case(device, rng, fmt, "residual", *RAGGED, 1)
+@pytest.mark.parametrize("cols", [1, 8])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_alternatives(device, rng, fmt, cols):
+    """The benchmark's other kernel shapes (x loaded when needed, two tiles per warp) compute the same."""
+    for epi, n, k in (("plain", 300, 2048), ("plain", *RAGGED), ("plain", *GATE_UP), ("swiglu", *RAGGED),
+                      ("swiglu", 96, 1024), ("residual", *RAGGED), ("residual", *DOWN)):
+        for v in mv.alternatives(fmt, epi, cols):
+            run_case(device, rng, fmt, epi, n, k, cols, mv.GemvMma(load(v, device)))
 
 
 def test_launcher_refuses_bad_arguments(device):

@@ -19,7 +19,6 @@ from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.kernels.qlayout import dequant_rows
 from inferno.model.gpu.ops import AttnGeometry
-from inferno.model.gpu import residency
 from inferno.model.gpu.residency import ALIGN, align_up
 from inferno.model.reference.norms import rms_norm, sigmoid, silu, softplus
 from inferno.model.reference.rope import apply_rope
@@ -112,7 +111,7 @@ class EmulatedOps:
         self.launches += 1
         self._put(y, rms_norm(self._get(x, bfloat16, n), self._get(w, bfloat16, n), eps))
 
-    def _weights(self, fmt: str, w: DeviceBuffer, n: int, k: int) -> np.ndarray:
+    def _weights(self, fmt: str, w: DeviceBuffer, n: int, k: int, tiled: bool = False) -> np.ndarray:
         key = (w.ptr, n, k, fmt)
         m = self._dequant.get(key)
         if m is None and fmt == "BF16":
@@ -121,7 +120,7 @@ class EmulatedOps:
             from inferno.artifact.formats import nvfp4
 
             m = self._dequant[key] = nvfp4.decode(self._bytes(w, nvfp4.geometry((n, k)).nbytes).tobytes(), (n, k))
-        if m is None and residency.TILED_GEMV:  # the device layout of groupwise-int matrices (residency.TILED)
+        if m is None and tiled:  # a groupwise-int matrix in tile16-v1 (residency.TILED)
             from inferno.kernels.tiled import tiled_geometry, untile
 
             payload = untile(fmt, self._bytes(w, tiled_geometry(fmt, n, k).nbytes), n, k).tobytes()
@@ -133,9 +132,9 @@ class EmulatedOps:
             m = self._dequant[key] = dequant_rows(fmt, payload, n, k).astype(np.float32)
         return m
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None) -> None:
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False) -> None:
         self.launches += 1
-        wm = self._weights(fmt, w, n, k)
+        wm = self._weights(fmt, w, n, k, tiled)
         xv = self._get(x, bfloat16, k)
         if epilogue == "swiglu":
             m = n // 2

@@ -69,7 +69,8 @@ class DecodeProgram:
     def head(self) -> None:
         """Logits (bf16 [vocab]) of ws['normed'] into ws['logits']."""
         h = self.w["text/output_head"]
-        self.ops.gemv(h.fmt, "plain", h.buf, self.ws["normed"], self.ws["logits"], self.c.vocab, self.c.hidden)
+        self.ops.gemv(h.fmt, "plain", h.buf, self.ws["normed"], self.ws["logits"], self.c.vocab, self.c.hidden,
+                      tiled=h.tiled)
 
     def mixer_width(self, i: int) -> int:
         """Values layer i's mixer writes to ws['mix_out'] (before its output projection)."""

@@ -23,7 +23,6 @@ from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.errors import NotBuiltError
 from inferno.model.config import ModelConfig
-from inferno.model.gpu import residency
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class Ops(Protocol):
     def embedding(self, ids: DeviceBuffer, table: DeviceBuffer, out: DeviceBuffer, vocab: int, hidden: int) -> None: ...
     def rmsnorm(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, eps: float) -> None: ...
     def gemv(self, fmt: str, epilogue: str, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
-             r: DeviceBuffer | None = None) -> None: ...
+             r: DeviceBuffer | None = None, tiled: bool = False) -> None: ...  # tiled: w in tile16-v1
     def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int) -> None: ...
     def gdn_conv_step(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, z: DeviceBuffer,
                       a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer, dt_bias: DeviceBuffer,
@@ -140,14 +139,14 @@ class CudaOps:
             self._attn_decode = A.AttnDecode(load(decode, dev))
             self._attn_combine = A.AttnCombine(load(A.COMBINE, dev))
 
-    def _gemv_launcher(self, fmt: str, epilogue: str) -> Any:
+    def _gemv_launcher(self, fmt: str, epilogue: str, tiled: bool = False) -> Any:
         from inferno.kernels import gemv_nvfp4_variants as F
         from inferno.kernels.cache import load
         from inferno.kernels.gemv_variants import GemvQ, gemv_variant, variant_name
 
         if fmt == "BF16":
             return self._gemv_bf16_launcher(epilogue)
-        if fmt != F.FORMAT and residency.TILED_GEMV:  # groupwise-int in tile16-v1: the tensor-core GEMV
+        if tiled:  # groupwise-int in tile16-v1: the tensor-core GEMV
             from inferno.kernels import gemv_mma_variants as M
 
             name = M.variant_name(fmt, epilogue, 1)
@@ -176,10 +175,10 @@ class CudaOps:
             g = self._gemv[name] = GemvBf16(load(get(name), self.device))
         return g
 
-    def preload_gemv(self, keys: set[tuple[str, str]]) -> None:
-        """Load every (format, epilogue) GEMV the model uses before the first step."""
-        for fmt, epilogue in sorted(keys):
-            self._gemv_launcher(fmt, epilogue)
+    def preload_gemv(self, keys: set[tuple[str, str, bool]]) -> None:
+        """Load every (format, epilogue, tiled) GEMV the model uses before the first step."""
+        for fmt, epilogue, tiled in sorted(keys):
+            self._gemv_launcher(fmt, epilogue, tiled)
 
     # ---- memory ----------------------------------------------------------------------------------
     def alloc(self, name: str, nbytes: int) -> DeviceBuffer:
@@ -275,8 +274,8 @@ class CudaOps:
     def rmsnorm(self, x, w, y, n, eps) -> None:
         self._rmsnorm(x, w, y, 1, n, eps, stream=self.stream)
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None) -> None:
-        self._gemv_launcher(fmt, epilogue)(w, x, y, n, k, 1, r=r, stream=self.stream)
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False) -> None:
+        self._gemv_launcher(fmt, epilogue, tiled)(w, x, y, n, k, 1, r=r, stream=self.stream)
 
     def linear_bf16(self, x, w, y, n, k) -> None:
         self._gemv_bf16(w, x, y, n, k, 1, stream=self.stream)

@@ -284,11 +284,17 @@ class RecordingOps:
     def _w_rmsnorm(self, x, w, y, n, eps):
         return f"rmsnorm {role(w)}", Work(3 * n * BF16, fixed=n * BF16)
 
-    def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None):
+    def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False):
         m = n // 2 if epilogue == "swiglu" else n
-        weights = payload_nbytes(fmt, n, k)
+        if tiled:
+            from inferno.kernels.gemv_mma_variants import variant_name
+            from inferno.kernels.tiled import tiled_geometry
+
+            weights, name = tiled_geometry(fmt, n, k).nbytes, variant_name(fmt, epilogue, 1)
+        else:
+            weights, name = payload_nbytes(fmt, n, k), gemv_variant(fmt, epilogue)
         act = (k + m + (m if r is not None else 0)) * BF16
-        return f"{gemv_variant(fmt, epilogue)} {role(w)}", Work(weights + act, 2 * n * k, fixed=weights)
+        return f"{name} {role(w)}", Work(weights + act, 2 * n * k, fixed=weights)
 
     def _w_linear_bf16(self, x, w, y, n, k):
         from inferno.kernels.gemv_bf16_variants import variant_name

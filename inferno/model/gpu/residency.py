@@ -32,9 +32,10 @@ DEQUANT_BF16 = "bf16"  # dequantized to bf16 at load (the embedding table: the g
 CONCAT = "concat"  # BF16 sources concatenated by rows (GDN a | b projections: one GEMM)
 ROWS = "rows"  # a row range of one fused source, re-packed as its own matrix (fusion plan "nvfp4")
 TILED = "tile16"  # a groupwise-int payload moved into tile16-v1 at load (inferno/kernels/tiled.py)
-# Groupwise-int matrices live on the device in tile16-v1 (the tensor-core GEMV and the prefill
-# dequant read it); False keeps the artifact's row-split payload (the CUDA-core GEMV's layout).
-TILED_GEMV = False
+# Groupwise-int matrices kept in tile16-v1 for the tensor-core GEMV: those it reads faster than the
+# CUDA-core GEMV reads the row-split payload (H200, 2026-11-29: the Q6 output head 319.7 us vs 418.7;
+# the per-layer Q4/Q5 shapes were 0.7-1.05x) and that prefill never dequantizes.
+TILED_WEIGHTS = frozenset({"text/output_head"})
 FUSIONS = ("split", "nvfp4")  # fusion plans the GPU executor runs
 # GEMV formats besides the groupwise-int ones (gemv_nvfp4_variants, gemv_bf16_variants)
 GEMV_FORMATS_EXTRA = ("NVFP4", "BF16")
@@ -53,9 +54,9 @@ def gemv_epilogue(name: str) -> str | None:
     return next((e for suffix, e in GEMV_EPILOGUES.items() if name.endswith(suffix)), None)
 
 
-def gemv_kinds(placements) -> set[tuple[str, str]]:
-    """(format, epilogue) of every GEMV the decode path launches for these placements."""
-    return {(p.fmt, gemv_epilogue(p.name)) for p in placements if gemv_epilogue(p.name) is not None}
+def gemv_kinds(placements) -> set[tuple[str, str, bool]]:
+    """(format, epilogue, tiled) of every GEMV the decode path launches for these placements."""
+    return {(p.fmt, gemv_epilogue(p.name), p.stored == TILED) for p in placements if gemv_epilogue(p.name) is not None}
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -356,7 +357,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
     from inferno.kernels.gemv_variants import FORMATS
     from inferno.kernels.tiled import tiled_geometry
 
-    GROUPWISE = FORMATS  # the groupwise-int formats (tile16-v1 when TILED_GEMV)
+    GROUPWISE = FORMATS  # the groupwise-int formats (tile16-v1 for TILED_WEIGHTS)
 
     check_supported(config)
     if fusion not in FUSIONS:
@@ -395,7 +396,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
                 raise NotBuiltError(f"the GPU executor has no GEMV kernel for {fmt} weights ({name}) yet; "
                                     "use --device cpu")
             nbytes = formats.packed_nbytes(fmt, e.layout, tuple(shape))
-            if stored == PAYLOAD and TILED_GEMV and fmt in GROUPWISE and len(shape) == 2:
+            if stored == PAYLOAD and name in TILED_WEIGHTS and fmt in GROUPWISE and len(shape) == 2:
                 stored, nbytes = TILED, tiled_geometry(fmt, *shape).nbytes
         placements.append(Placement(name, sources, fmt, tuple(int(d) for d in shape), stored, int(nbytes),
                                     rows=rows))

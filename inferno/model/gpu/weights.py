@@ -1,8 +1,8 @@
 """Upload the artifact tensors the decode path reads into the device arena, as the residency plan says.
 
-Quantized groupwise-int matrices go up in `tile16-v1` (inferno/kernels/tiled.py: the artifact's
-`row-split-k128-v1` bytes moved so each warp of the GEMV reads 512-byte runs), or as their payloads
-byte for byte while `residency.TILED_GEMV` is off; NVFP4 payloads as they are; BF16 / FP32
+Quantized matrices go up as their payloads byte for byte (the CUDA-core GEMV reads `row-split-k128-v1`
+directly), except `residency.TILED_WEIGHTS`, moved into `tile16-v1` (inferno/kernels/tiled.py: each
+warp of the tensor-core GEMV reads 512-byte runs) by a few host threads ahead of the uploads; BF16 / FP32
 vectors as they are; the embedding table dequantized to bf16 (the gather kernel reads bf16
 rows); the GDN a and b projections concatenated into one [2 Hv, H] bf16 matrix (one GEMM);
 a row range of a fused NVFP4 (or BF16) input projection re-packed as a matrix of its own.
@@ -34,6 +34,7 @@ class DeviceTensor:
     buf: DeviceBuffer
     fmt: str
     shape: tuple[int, ...]
+    tiled: bool = False  # groupwise-int in tile16-v1 (residency.TILED), not the row-split payload
 
 
 def host_image(p: Placement, artifact: Artifact, expected: dict[str, ExpectedTensor]) -> np.ndarray:
@@ -99,5 +100,5 @@ def _upload_next(ops: Ops, pending: deque, out: dict[str, DeviceTensor], bar) ->
     p, image = pending.popleft()
     buf = ops.alloc(p.name, p.nbytes)
     ops.upload(buf, image.result())
-    out[p.name] = DeviceTensor(buf, p.fmt, p.shape)
+    out[p.name] = DeviceTensor(buf, p.fmt, p.shape, p.stored == TILED)
     bar.advance(p.nbytes)

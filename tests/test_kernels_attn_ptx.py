@@ -1,0 +1,289 @@
+"""CPU: the compiled PTX of the tensor-core decode kernel (AttnDecodeMma) moves the right data.
+
+The numpy emulation in test_kernels_attn.py checks the kernel's intended index math; it cannot see
+how the CuTe DSL lowers that math to addresses. This test reads the generated code instead: it
+evaluates the integer arithmetic of the PTX for each of the 256 threads (first K/V block, stage 0,
+CTA (0, 0, 0); branches are not followed, every instruction runs once in text order, which is exact
+for the straight-line address code), decodes every ldmatrix row address back to the smem element it
+reads (sQ / sP rows, swizzled K / V stage rows), and checks, lane by lane against the PTX fragment
+layouts of mma.m16n8k16: the A and B operands of every mma, the accumulator chains, the partial
+scores stored to sS, the softmax's sS reads and P stores, and the part_o store of each accumulator
+(row h = hi + row 8 + h = lo of the same column). It caught a DSL lowering bug that the emulation
+could not: a slice of the swizzled V stage inside a swizzle atom had its offset counted twice.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import tempfile
+from collections import defaultdict
+
+import pytest
+
+from inferno.kernels import attn_variants as av
+
+MMA_VARIANTS = [v.name for v in av.DECODE_VARIANTS if v.cls == "AttnDecodeMma"]
+M32 = (1 << 32) - 1
+PO_STRIDE = 1 << 20  # every stride of part_o in the fake launch parameters: address -> (row, dim)
+
+
+def _compile_ptx(name: str) -> str:
+    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
+    from inferno.kernels import build
+
+    v = av.attn_variant(name)
+    cutlass, cute, cuda, make_fake_tensor = build._import_dsl()
+    kernel = getattr(importlib.import_module(v.source), v.cls)(**v.config)
+    args = build._fake_args(v, cutlass, cute, cuda, make_fake_tensor)
+    with tempfile.TemporaryDirectory(prefix="inferno-ptx-") as tmp:
+        compiled = cute.compile(kernel, *args, options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {tmp}")
+    return compiled.__ptx__
+
+
+# --- a straight-line evaluator of PTX integer code ----------------------------------------------------
+
+def _statements(ptx: str) -> list[str]:
+    body = ptx[ptx.index("{", ptx.index(".entry")):]
+    text = "\n".join(line.split("//")[0] for line in body.splitlines())
+    out = []
+    for st in text.split(";"):
+        st = re.sub(r"^(\$?\w+:\s*)+", "", " ".join(st.split())).lstrip("{} ")
+        if st and not st.startswith(".") and not st.startswith("@"):  # predicated: branches, guarded stores
+            out.append(st)
+    return out
+
+
+def _signed(v: int, op: str) -> int:
+    bits = 64 if re.search(r"\.[bsu]64", op) else 32
+    return v - (1 << bits) if v >> (bits - 1) & 1 else v
+
+
+def _run(stmts: list[str], tidx: int, params: dict) -> dict:
+    """Evaluate one thread: integer registers (None where unknown: loads, floats), the ldmatrix
+    (op, dst regs, address), mma (d, a, b, c regs), shared loads / stores (address, regs), global
+    stores, and each float register's provenance (the mma results it was computed from)."""
+    reg: dict[str, int | None] = {"%tid.x": tidx, "%ctaid.x": 0, "%ctaid.y": 0, "%ctaid.z": 0}
+    prov: dict[str, set] = {}
+    rec = defaultdict(list)
+
+    def val(x: str):
+        if re.fullmatch(r"-?\d+", x):
+            return int(x)
+        if x.startswith("__"):  # the dynamic smem symbol: address 0
+            return 0
+        return reg.get(x)
+
+    def addr(rest: str):
+        m = re.search(r"\[(%\w+)(?:\+(-?\d+))?\]", rest)
+        base = reg.get(m.group(1))
+        return None if base is None else base + int(m.group(2) or 0)
+
+    for st in stmts:
+        op, _, rest = st.partition(" ")
+        regs = re.findall(r"%\w+", rest)
+        if op.startswith("ldmatrix"):
+            dst = re.findall(r"%\w+", rest.split("}")[0])
+            rec["ldmatrix"].append((op, dst, addr(rest)))
+            for d in dst:
+                reg[d], prov[d] = None, set()
+        elif op.startswith("mma.sync"):
+            groups = tuple(re.findall(r"%\w+", g) for g in re.findall(r"\{([^}]*)\}", rest))
+            rec["mma"].append(groups)
+            for d in groups[0]:
+                reg[d], prov[d] = None, {(len(rec["mma"]) - 1, d)}
+        elif op.startswith("st."):
+            space = "shared" if op.startswith("st.shared") else "global"
+            rec[space + "_st"].append((addr(rest), rest.split("]", 1)[1].strip(" ,")))
+        elif op.startswith("ld.shared"):
+            rec["shared_ld"].append((addr(rest), regs[0]))
+            reg[regs[0]] = None
+        elif op.startswith("ld.param"):
+            m = re.search(r"param_(\d+)(?:\+(\d+))?", rest)
+            reg[regs[0]] = params.get((int(m.group(1)), int(m.group(2) or 0)))
+        elif op.startswith(("cp.async", "bar", "bra", "ret", "griddep", "ldmatrix")):
+            continue
+        else:
+            d, srcs = rest.split(",")[0].strip(), [x.strip() for x in rest.split(",")[1:]]
+            prov[d] = set().union(*(prov.get(x, set()) for x in srcs))
+            reg[d] = _eval(op, [val(x) for x in srcs])
+    return dict(rec, prov=prov)
+
+
+def _eval(op: str, a: list):
+    base = op.split(".")[0]
+    mask = (1 << 64) - 1 if re.search(r"\.[bsu]64", op) else M32
+    if base in ("mov", "shfl"):
+        return a[0]
+    if re.search(r"\.f(16|32|64)\b", op) or any(x is None for x in a[:2 if base != "selp" else 3]):
+        return None  # floats and anything computed from an unknown
+    s = [_signed(x, op) if isinstance(x, int) and not isinstance(x, bool) else x for x in a]
+    if base == "cvt":
+        return _signed(a[0], op.split(".")[-1]) & mask
+    ops = {"add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1], "and": lambda: a[0] & a[1],
+           "or": lambda: a[0] | a[1], "xor": lambda: a[0] ^ a[1], "shl": lambda: a[0] << a[1],
+           "mul": lambda: a[0] * a[1] if "wide" in op else s[0] * s[1], "mad": lambda: s[0] * s[1] + s[2],
+           "shr": lambda: s[0] >> a[1] if re.search(r"\.s(32|64)", op) else a[0] >> a[1],
+           "min": lambda: min(s[0], s[1]), "max": lambda: max(s[0], s[1]),
+           "selp": lambda: a[0] if a[2] else a[1]}
+    if base == "setp":
+        return {"eq": s[0] == s[1], "ne": s[0] != s[1], "lt": s[0] < s[1], "le": s[0] <= s[1],
+                "gt": s[0] > s[1], "ge": s[0] >= s[1]}[op.split(".")[1]]
+    return ops[base]() & mask if base in ops else None
+
+
+# --- the kernel's smem map and the checks ----------------------------------------------------------
+
+def _smem_map(stages: int) -> dict:
+    """Byte offsets of AttnDecodeMma's SharedStorage (declaration order, its alignments)."""
+    from cute_kernels.attn_decode import HEAD_DIM, M_ROWS, P_STRIDE, Q_STRIDE
+
+    kv = 32 * HEAD_DIM * 2 * stages
+    q = 2 * kv
+    p = q + M_ROWS * Q_STRIDE * 2
+    s = p + M_ROWS * P_STRIDE * 2
+    return dict(v=kv, q=q, p=p, s=s, alpha=s + 4 * 4 * 8 * 32)  # sS: fp32 [4 quarters, 8 rows, 32 tokens]
+
+
+def _kv_rows(stages: int) -> dict[int, tuple]:
+    """ldmatrix row address -> (K or V, token, first dim) for 16-byte rows of stage 0: 8 x 64 atoms
+    (128-byte rows, Swizzle<3,3,3> on the element offset), atoms token-major then dims."""
+    v_at = _smem_map(stages)["v"]
+    out = {}
+    for tok in range(32):
+        for dim in range(0, 256, 8):
+            e = (tok % 8) * 64 + dim % 64
+            e = (tok // 8) * 512 + (dim // 64) * 2048 + (e ^ (((e >> 6) & 7) << 3))
+            out[2 * e], out[v_at + 2 * e] = ("K", tok, dim), ("V", tok, dim)
+    return out
+
+
+def _check(ptx: str, group: int, stages: int) -> list[str]:
+    sm = _smem_map(stages)
+    kv_rows = _kv_rows(stages)
+    stmts = _statements(ptx)
+    params = {(4, 0): 0, **{(4, o): PO_STRIDE for o in range(8, 48, 4)}}  # part_o: base 0, every stride
+    errors: list[str] = []
+    stored: set[tuple[int, int]] = set()
+
+    def decode(address, trans):
+        if address is None:
+            return None
+        if trans or address < sm["q"]:
+            return kv_rows.get(address)
+        region, stride = ("Q", 264) if address < sm["p"] else ("P", 40)
+        e, r = divmod(address - sm["q" if region == "Q" else "p"], 2)
+        return (region, e // stride, e % stride) if r == 0 and e % 8 == 0 else None
+
+    for w in range(8):
+        runs = [_run(stmts, 32 * w + lane, params) for lane in range(32)]
+        held = {}  # (register, lane) -> what ldmatrix put there
+        for i, (op, dst, _) in enumerate(runs[0]["ldmatrix"]):
+            trans = ".trans" in op
+            rows = [decode(runs[lane]["ldmatrix"][i][2], trans) for lane in range(32)]
+            for m, lane in ((m, lane) for m in range(4) for lane in range(32)):
+                if trans:  # lane gets rows 2 (lane % 4) and + 1, column lane // 4 of matrix m
+                    r0, r1 = rows[8 * m + 2 * (lane % 4)], rows[8 * m + 2 * (lane % 4) + 1]
+                    if r0 is None or r1 is None or (r0[0], r0[2]) != (r1[0], r1[2]):
+                        errors.append(f"warp {w} ldmatrix {i} lane {lane}: rows {r0} {r1}")
+                        continue
+                    held[dst[m], lane] = (r0[0], (r0[1], r1[1]), r0[2] + lane // 4)
+                else:  # lane gets row lane // 4, columns 2 (lane % 4) and + 1 of matrix m
+                    r = rows[8 * m + lane // 4]
+                    if r is None:
+                        errors.append(f"warp {w} ldmatrix {i} lane {lane}: address outside sQ / sK / sP")
+                        continue
+                    held[dst[m], lane] = (r[0], r[1], r[2] + 2 * (lane % 4))
+        acc = {}  # (mma, d register, lane) -> (operand kind, C row, column meaning, k0)
+        for j, (d, a, b, c) in enumerate(runs[0]["mma"]):
+            fa = [[held.get((a[x], lane)) for lane in range(32)] for x in range(4)]
+            fb = [[held.get((b[x], lane)) for lane in range(32)] for x in range(2)]
+            if any(h is None for f in fa + fb for h in f):
+                errors.append(f"warp {w} mma {j}: an operand not loaded by ldmatrix")
+                continue
+            kind, k0 = fa[0][0][0], fa[0][0][2]
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                want = [(g, k0 + 2 * t), (g + 8, k0 + 2 * t), (g, k0 + 8 + 2 * t), (g + 8, k0 + 8 + 2 * t)]
+                if [(fa[x][lane][1], fa[x][lane][2]) for x in range(4)] != want:
+                    errors.append(f"warp {w} mma {j} lane {lane}: A holds {[f[lane] for f in fa]}, want {want}")
+                for x in range(2):  # b0: k 2t, 2t + 1; b1: k 8 + 2t, +1; column g
+                    got, ref = fb[x][lane], fb[0][4 * g]
+                    ok = (got[0] == "K" and got[2] == k0 + 8 * x + 2 * t and got[1] == ref[1]) if kind == "Q" else \
+                         (got[0] == "V" and got[1] == (k0 + 8 * x + 2 * t, k0 + 8 * x + 2 * t + 1)
+                          and got[2] == ref[2])
+                    if not ok:
+                        errors.append(f"warp {w} mma {j} lane {lane}: B{x} holds {got} (k0 {k0})")
+            ncol = [fb[0][4 * n][1] if kind == "Q" else fb[0][4 * n][2] for n in range(8)]  # token / dim
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                for p in range(4):
+                    acc[j, d[p], lane] = me = (kind, g + 8 * (p >> 1), ncol[2 * t + (p & 1)], k0)
+                    prev = [acc.get(x + (lane,)) for x in runs[lane]["prov"].get(c[p], set())]
+                    if prev and prev != [(kind, me[1], me[2], k0 - 16)]:
+                        errors.append(f"warp {w} mma {j} lane {lane}: {prev} accumulated into {me}")
+                    if not prev and k0 % 64:
+                        errors.append(f"warp {w} mma {j} lane {lane}: chain starts at k {k0}")
+        for lane in range(32):
+            r = runs[lane]
+            tidx = 32 * w + lane
+            for address, src in r.get("shared_st", []):
+                if address is None or "%" not in src:
+                    continue
+                if sm["s"] <= address < sm["alpha"]:  # partial scores: hi + lo rows of one column
+                    for q, reg in enumerate(re.findall(r"%\w+", src)):
+                        cols = {acc.get(x + (lane,)) for x in r["prov"].get(reg, set())}
+                        e = (address - sm["s"]) // 4 + q
+                        part, row, tok = e // 256, e // 32 % 8, e % 32
+                        if cols != {("Q", row, tok, 48 + 64 * part), ("Q", row + 8, tok, 48 + 64 * part)} \
+                                or part != w // 2:
+                            errors.append(f"warp {w} lane {lane}: sS[{part}, {row}, {tok}] from {sorted(cols)}")
+                elif sm["p"] <= address < sm["s"]:  # P of head wid: hi in row wid, lo in row 8 + wid
+                    row, col = divmod((address - sm["p"]) // 2, 40)
+                    if w < group and (row % 8, col) != (w, lane):
+                        errors.append(f"warp {w} lane {lane}: P stored at sP[{row}, {col}]")
+                elif sm["q"] <= address < sm["p"]:  # q hi / lo: column = thread
+                    if (address - sm["q"]) // 2 % 264 != tidx:
+                        errors.append(f"thread {tidx}: q stored at sQ column {(address - sm['q']) // 2 % 264}")
+            s_reads = sorted(((a - sm["s"]) // 4 for a, _ in r.get("shared_ld", [])
+                              if a is not None and sm["s"] <= a < sm["alpha"]))
+            if w < group and s_reads != [part * 256 + w * 32 + lane for part in range(4)]:
+                errors.append(f"warp {w} lane {lane}: softmax reads sS {s_reads}")
+            for address, src in r.get("global_st", []):
+                cols = {acc.get(x + (lane,)) for x in r["prov"].get(src, set())}
+                if address is None or not cols:
+                    continue
+                row, dim = divmod(address // 4, PO_STRIDE)
+                if cols != {("P", row, dim, 16), ("P", row + 8, dim, 16)}:
+                    errors.append(f"warp {w} lane {lane}: part_o[{row}, {dim}] from {sorted(cols)}")
+                stored.add((row, dim))
+    if stored != {(r, d) for r in range(8) for d in range(256)}:
+        errors.append(f"part_o: {len(stored)} of 8 x 256 (row, dim) cells stored")
+    return errors
+
+
+@pytest.fixture(scope="module")
+def ptx_of():
+    cache: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in cache:
+            cache[name] = _compile_ptx(name)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", MMA_VARIANTS)
+def test_mma_decode_ptx_moves_the_right_data(ptx_of, name):
+    v = av.attn_variant(name)
+    errors = _check(ptx_of(name), v.config["group"], v.config["stages"])
+    assert not errors, f"{len(errors)} errors, first: " + "\n".join(errors[:8])
+
+
+def test_ptx_check_catches_a_misplaced_v_row(ptx_of):
+    """The check fails on the bug it was written for: one V ldmatrix 32 dims off (64 bytes)."""
+    ptx = ptx_of("attn_decode_g8")
+    m = re.search(r"(ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16 \{[^}]*\}, \[%\w+\+)(\d+)\]", ptx)
+    bad = ptx[:m.start()] + m.group(1) + str(int(m.group(2)) + 64) + "]" + ptx[m.end():]
+    assert _check(bad, 8, 2)
