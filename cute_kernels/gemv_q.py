@@ -98,6 +98,8 @@ class GemvQ:
     @cute.kernel
     def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
+        cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
+        cute.arch.griddepcontrol_launch_dependents()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32
@@ -132,15 +134,6 @@ class GemvQ:
 
         gW4 = cute.zipped_divide(mW, (4,))
         gX = [cute.zipped_divide(mX[t, None], (8,)) for t in range(self.cols)]
-
-        # PDL: the weights do not depend on the previous kernel, so this CTA's base codes start moving
-        # into L2 while that kernel drains; x, r and y are touched only after the wait.
-        for r in cutlass.range_constexpr(self.rows):
-            for c in cutlass.range(tidx, nchunks, self.threads, unroll=1):
-                for v in cutlass.range_constexpr(self.nvec):
-                    cute.arch.prefetch(gW4[None, wrow[r] + c * self.nvec + v].iterator.llvm_ptr, cache_level="L2")
-        cute.arch.griddepcontrol_wait()
-        cute.arch.griddepcontrol_launch_dependents()
 
         # 2^23 and the sign-flip XOR constant as values the compiler cannot see (products with
         # gridDim.y, which is 1) stay in registers. As immediates ptxas folds the XOR into each
