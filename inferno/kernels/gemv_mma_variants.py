@@ -22,9 +22,7 @@ from typing import TYPE_CHECKING, Any
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.launch import launch
 from inferno.cuda.memory import DeviceBuffer
-from inferno.cuda.params import TensorArg
-from inferno.kernels.gemv_variants import EPILOGUES, FORMATS
-from inferno.kernels.launchers import _buf, _int
+from inferno.kernels.gemv_variants import EPILOGUES, FORMATS, gemv_args
 from inferno.kernels.registry import Tensor, Variant
 from inferno.kernels.tiled import LAYOUT, tiled_geometry
 
@@ -176,23 +174,9 @@ class GemvMma:
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, stream: Any = None) -> None:
         """W is [n, k] in tile16-v1 (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16."""
-        n, k, cols = (_int(v, nm, self.name) for v, nm in ((n, "n"), (k, "k"), (cols, "cols")))
-        if cols > self.cols:
-            raise LaunchError(f"kernel {self.name}: cols = {cols} exceeds its {self.cols}; use a wider variant")
-        if k % 8:
-            raise LaunchError(f"kernel {self.name}: k = {k} must be a multiple of 8")
-        if self.epilogue == "swiglu" and n % 2:
-            raise LaunchError(f"kernel {self.name}: swiglu needs an even row count (gate | up), got {n}")
-        if (r is None) != (self.epilogue != "residual"):
-            raise LaunchError(f"kernel {self.name}: pass r exactly for the residual epilogue")
-        m = n // 2 if self.epilogue == "swiglu" else n
-        nbytes = _tiled_bytes(self.fmt, n, k)
+        m, args = gemv_args(self.name, self.cols, self.epilogue, lambda n, k: _tiled_bytes(self.fmt, n, k),
+                            w, x, y, n, k, cols, r)
         lk, outs = self.member(m, k)
-        args: list = [TensorArg(_buf(w, "w", self.name, nbytes), (nbytes // 4,)),
-                      TensorArg(_buf(x, "x", self.name, cols * k * 2), (cols, k), (k,))]
-        if r is not None:
-            args.append(TensorArg(_buf(r, "r", self.name, cols * m * 2, align=2), (cols, m), (m,)))
-        args.append(TensorArg(_buf(y, "y", self.name, cols * m * 2, align=2), (cols, m), (m,)))
         mf = lk.manifest
         launch(lk.kernel, (-(-m // outs), 1, 1), mf.block, lk.layout.pack(args), mf.smem, stream)
 

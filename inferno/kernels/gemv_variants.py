@@ -14,6 +14,7 @@ The registry holds E's variants; these are listed in GEMV_VARIANTS until they jo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +111,30 @@ def _payload_bytes(fmt: str, n: int, k: int) -> int:
     return geometry(fmt, (n, k)).nbytes
 
 
+def gemv_args(name: str, max_cols: int, epilogue: str, weight_bytes: Callable[[int, int], int], w: DeviceBuffer,
+              x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int,
+              r: DeviceBuffer | None) -> tuple[int, list]:
+    """The checked arguments of a quantized decode GEMV call: (outputs M, [w, x, (r,) y] tensor args);
+    `weight_bytes(n, k)` is the size of W in the layout the kernel reads."""
+    n, k, cols = (_int(v, nm, name) for v, nm in ((n, "n"), (k, "k"), (cols, "cols")))
+    if cols > max_cols:
+        raise LaunchError(f"kernel {name}: cols = {cols} exceeds its {max_cols}; use a wider variant")
+    if k % 8:
+        raise LaunchError(f"kernel {name}: k = {k} must be a multiple of 8")
+    if epilogue == "swiglu" and n % 2:
+        raise LaunchError(f"kernel {name}: swiglu needs an even row count (gate | up), got {n}")
+    if (r is None) != (epilogue != "residual"):
+        raise LaunchError(f"kernel {name}: pass r exactly for the residual epilogue")
+    m = n // 2 if epilogue == "swiglu" else n
+    nbytes = weight_bytes(n, k)
+    args: list = [TensorArg(_buf(w, "w", name, nbytes), (nbytes // 4,)),
+                  TensorArg(_buf(x, "x", name, cols * k * 2), (cols, k), (k,))]
+    if r is not None:
+        args.append(TensorArg(_buf(r, "r", name, cols * m * 2, align=2), (cols, m), (m,)))
+    args.append(TensorArg(_buf(y, "y", name, cols * m * 2, align=2), (cols, m), (m,)))
+    return m, args
+
+
 class GemvQ:
     """Typed launcher: y[t] = epilogue(W x[t]) for t < cols, W a row-split-k128-v1 payload on device."""
 
@@ -132,22 +157,8 @@ class GemvQ:
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, stream: Any = None) -> None:
         """W is [n, k] (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16."""
-        n, k, cols = (_int(v, nm, self.name) for v, nm in ((n, "n"), (k, "k"), (cols, "cols")))
-        if cols > self.cols:
-            raise LaunchError(f"kernel {self.name}: cols = {cols} exceeds its {self.cols}; use a wider variant")
-        if k % 8:
-            raise LaunchError(f"kernel {self.name}: k = {k} must be a multiple of 8")
-        if self.epilogue == "swiglu" and n % 2:
-            raise LaunchError(f"kernel {self.name}: swiglu needs an even row count (gate | up), got {n}")
-        if (r is None) != (self.epilogue != "residual"):
-            raise LaunchError(f"kernel {self.name}: pass r exactly for the residual epilogue")
-        m = n // 2 if self.epilogue == "swiglu" else n
-        nbytes = _payload_bytes(self.fmt, n, k)
-        args: list = [TensorArg(_buf(w, "w", self.name, nbytes), (nbytes // 4,)),
-                      TensorArg(_buf(x, "x", self.name, cols * k * 2), (cols, k), (k,))]
-        if r is not None:
-            args.append(TensorArg(_buf(r, "r", self.name, cols * m * 2, align=2), (cols, m), (m,)))
-        args.append(TensorArg(_buf(y, "y", self.name, cols * m * 2, align=2), (cols, m), (m,)))
+        m, args = gemv_args(self.name, self.cols, self.epilogue, lambda n, k: _payload_bytes(self.fmt, n, k),
+                            w, x, y, n, k, cols, r)
         mf = self.loaded.manifest
         launch(self.loaded.kernel, (-(-m // self.outs), 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem,
                stream)

@@ -6,7 +6,6 @@ import pytest
 
 from inferno.cuda import Stream
 from inferno.cuda.copy import from_device, memset_d8, to_device
-from inferno.cuda.device import Device
 from inferno.cuda.graph import Graph
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import reference as ref
@@ -14,11 +13,6 @@ from inferno.kernels.launchers import RMSNorm
 from inferno.kernels.reference import bf16
 
 N, LINKS = 5120, 48
-
-
-@pytest.fixture(scope="module")
-def device():
-    return Device.open()
 
 
 @pytest.mark.parametrize("graph", [False, True])

@@ -16,7 +16,6 @@ from ml_dtypes import bfloat16
 
 from inferno.checkpoint.presets import get_preset
 from inferno.cuda.copy import from_device, memset_d8, to_device
-from inferno.cuda.device import Device
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import attn_variants as av
 from inferno.kernels.kv_layout import KVLayout, page_table
@@ -37,11 +36,6 @@ PART_TOL = 2e-4
 
 
 @pytest.fixture(scope="module")
-def device():
-    return Device.open()
-
-
-@pytest.fixture(scope="module")
 def configs():
     return {m: ModelConfig.from_hf(get_preset(p).text) for m, p in MODELS.items()}
 
@@ -57,11 +51,6 @@ def attention(device, configs):
         return kernels[model, decode, combine]
 
     return get
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng()  # fresh inputs every run
 
 
 def _bf16(rng, shape, scale=1.0) -> np.ndarray:

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from inferno.cuda.copy import from_device, h2d, memset_d8
-from inferno.cuda.device import Device
 from inferno.cuda.memory import DeviceBuffer, device_alloc
 from inferno.kernels.gdn_variants import GDN_VARIANTS, HEAD_DIM, GdnConv, GdnConvStep, GdnStep
 from inferno.kernels.reference import bf16
@@ -32,16 +31,6 @@ SLOTS = [pytest.param([3], id="b1"), pytest.param([5, 0, 3, 6], id="b4")]
 N_SLOTS = 7
 OUT_TOL = 1e-2  # bf16 outputs: relative L2 error
 STATE_TOL = 2e-5  # fp32 state, one step: relative L2 error
-
-
-@pytest.fixture(scope="module")
-def device():
-    return Device.open()
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng()  # fresh inputs every run
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ import pytest
 from gdn_prefill_emulation import chunk_kernel, gated_out, inputs_to_heads
 
 from inferno.cuda.copy import from_device, h2d, memset_d8
-from inferno.cuda.device import Device
 from inferno.cuda.memory import DeviceBuffer, device_alloc
 from inferno.kernels.gdn_prefill_variants import (DEFAULT_VSPLIT, GDN_PREFILL_VARIANTS, HEAD_DIM, VSPLITS, GdnChunk,
                                                   GdnConvPrefill, chunk_variant)
@@ -41,16 +40,6 @@ SLOT = 1
 OUT_TOL = 2e-2  # bf16 outputs, relative L2 (the bf16 emulation sits near 3e-3 at T = 65 and 1024)
 STATE_TOL = 1e-2  # fp32 state after bf16 tensor-core products, relative L2 (emulation: ~3e-3)
 SPLIT_TOL = 1e-2  # vsplit 2/4 vs vsplit 1 on the same inputs, relative L2 (bf16 v_new rounding flips)
-
-
-@pytest.fixture(scope="module")
-def device():
-    return Device.open()
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng()  # fresh inputs every run
 
 
 @pytest.fixture(scope="module")

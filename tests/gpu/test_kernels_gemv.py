@@ -9,7 +9,6 @@ import pytest
 
 from inferno.artifact.formats import groupwise as gw
 from inferno.cuda.copy import from_device, memset_d8, to_device
-from inferno.cuda.device import Device
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import qlayout as ql
@@ -20,16 +19,6 @@ FORMATS = list(gw.SCHEMES)
 GATE_UP, DOWN, QKV, RAGGED = (34816, 5120), (5120, 17408), (12288, 5120), (1002, 200)
 GUARD = 256
 SAMPLE = 384
-
-
-@pytest.fixture(scope="module")
-def device():
-    return Device.open()
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng()  # fresh inputs every run
 
 
 _payloads: dict = {}

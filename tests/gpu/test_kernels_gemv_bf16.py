@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from inferno.cuda.copy import from_device, memset_d8, to_device
-from inferno.cuda.device import Device
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import device_alloc
 from inferno.kernels.gemv_bf16_variants import GemvBf16
@@ -16,16 +15,6 @@ from inferno.kernels.reference import BF16_TOL, bf16, rel_error
 
 AB, HEAD, RAGGED, TINY = (96, 5120), (12288, 5120), (1003, 200), (5, 8)
 GUARD = 256
-
-
-@pytest.fixture(scope="module")
-def device():
-    return Device.open()
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng()  # fresh inputs every run
 
 
 def _describe(y: np.ndarray, want: np.ndarray) -> str:

@@ -12,7 +12,6 @@ import pytest
 
 from inferno.artifact.formats import groupwise as gw
 from inferno.cuda.copy import from_device, memset_d8, to_device
-from inferno.cuda.device import Device
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import gemv_mma_variants as mv
@@ -27,16 +26,6 @@ GDN_OUT, ATTN_QK, HEAD, RAGGED = (5120, 6144), (7168, 5120), (248320, 5120), (10
 COLS = [1, 2, 5, 8]
 GUARD = 256
 SAMPLE = 384
-
-
-@pytest.fixture(scope="module")
-def device():
-    return Device.open()
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng()  # fresh inputs every run
 
 
 _weights: dict = {}

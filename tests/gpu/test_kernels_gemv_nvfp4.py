@@ -10,7 +10,6 @@ import pytest
 
 from inferno.artifact.formats import nvfp4
 from inferno.cuda.copy import from_device, memset_d8, to_device
-from inferno.cuda.device import Device
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import device_alloc
 from inferno.kernels.gemv_nvfp4_variants import GemvNvfp4, variant_name
@@ -20,16 +19,6 @@ GATE_UP, DOWN = (34816, 5120), (5120, 17408)
 RAGGED = [(384, 192), (128, 320), (640, 1088)]  # K / 32 not a multiple of the 128 threads
 GUARD = 256
 SAMPLE = 384
-
-
-@pytest.fixture(scope="module")
-def device():
-    return Device.open()
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng()  # fresh inputs every run
 
 
 _payloads: dict = {}

@@ -4,25 +4,13 @@ Cubins come from the kernel cache ($INFERNO_KERNEL_DIR); on a machine without th
 have been built beforehand (`inferno kernels build --arch <gpu arch> --out $INFERNO_KERNEL_DIR`).
 """
 
-import numpy as np
 import pytest
 
-from inferno.cuda.device import Device
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import selfcheck as sc
 from inferno.kernels.launchers import launcher
 from inferno.kernels.registry import variants
-
-
-@pytest.fixture(scope="module")
-def device():
-    return Device.open()
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng()  # fresh inputs every run
 
 
 def _kernel(device, name):

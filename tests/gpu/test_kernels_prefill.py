@@ -21,7 +21,6 @@ import pytest
 from inferno.artifact.formats import groupwise as gw
 from inferno.artifact.formats import nvfp4 as nv
 from inferno.cuda.copy import from_device, memset_d8, to_device
-from inferno.cuda.device import Device
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import qlayout as ql
 from inferno.kernels.kv_layout import KVLayout, page_table
@@ -35,16 +34,6 @@ GUARD = 256
 D = HEAD_DIM
 MODELS = [pytest.param(24, 4, id="27B"), pytest.param(16, 2, id="35B")]
 ATTN_TOL = 1e-2  # relative L2 error of the bf16 output (P is rounded to bf16 before P V)
-
-
-@pytest.fixture(scope="module")
-def device():
-    return Device.open()
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng()  # fresh inputs every run
 
 
 class _Bufs:
