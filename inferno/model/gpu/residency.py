@@ -357,8 +357,6 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
     from inferno.kernels.gemv_variants import FORMATS
     from inferno.kernels.tiled import tiled_geometry
 
-    GROUPWISE = FORMATS  # the groupwise-int formats (tile16-v1 for TILED_WEIGHTS)
-
     check_supported(config)
     if fusion not in FUSIONS:
         raise NotBuiltError(f"the GPU executor runs dense artifacts of fusion plans {', '.join(FUSIONS)} only "
@@ -396,7 +394,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
                 raise NotBuiltError(f"the GPU executor has no GEMV kernel for {fmt} weights ({name}) yet; "
                                     "use --device cpu")
             nbytes = formats.packed_nbytes(fmt, e.layout, tuple(shape))
-            if stored == PAYLOAD and name in TILED_WEIGHTS and fmt in GROUPWISE and len(shape) == 2:
+            if stored == PAYLOAD and name in TILED_WEIGHTS and fmt in FORMATS:  # groupwise-int
                 stored, nbytes = TILED, tiled_geometry(fmt, *shape).nbytes
         placements.append(Placement(name, sources, fmt, tuple(int(d) for d in shape), stored, int(nbytes),
                                     rows=rows))
