@@ -16,6 +16,7 @@ from inferno.kernels.manifest import Manifest, grid_symbols, source_hash
 from inferno.kernels.registry import ARCHS, Tensor
 from inferno.model.reference.gdn import causal_conv, recurrent_delta_rule
 from inferno.model.reference.norms import gated_rms_norm, l2_normalize, sigmoid, silu, softplus
+from kernel_fakes import LaunchRecorder, fake_loaded
 
 SMEM_LIMIT = {"sm_90a": 232448, "sm_120a": 101376}
 BY_NAME = {v.name: v for v in GDN_VARIANTS}
@@ -187,32 +188,17 @@ def test_step_block_and_smem(built):
 # --- launchers without a GPU: packing and validation up to the driver call ----------------------
 
 
-class _Recorder:
-    def __init__(self):
-        self.calls = []
-        self.clusters = []
-
-    def __call__(self, kernel, grid, block, params, smem, stream, cluster=None):
-        self.calls.append((grid, tuple(block), params, smem))
-        self.clusters.append(cluster)
-
-
 @pytest.fixture
 def rec(monkeypatch):
     from inferno.kernels import gdn_variants
 
-    r = _Recorder()
+    r = LaunchRecorder()
     monkeypatch.setattr(gdn_variants, "launch", r)
     return r
 
 
 def _fake_loaded(built, name, arch="sm_90a"):
-    from inferno.kernels.cache import LoadedKernel
-
-    m = _manifest(built, name, arch)
-    specs = [ParamSpec(p.name, p.kind, p.size, p.align, len(p.dyn_shape) if p.kind == "tensor" else 0,
-                       len(p.dyn_stride)) for p in m.params]
-    return LoadedKernel(BY_NAME[name], m, None, ParamLayout(specs, name))
+    return fake_loaded(BY_NAME[name], _manifest(built, name, arch))
 
 
 def _dev(nbytes, ptr):
