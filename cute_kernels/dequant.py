@@ -13,7 +13,8 @@ contiguous bf16 with 16-byte stores. The product code * scale has at most 19 sig
 so it is exact in fp32 and the one bf16 rounding matches `decode(...).astype(bfloat16)`.
 Chunks past K (the 128-padding) are not stored; K must be a multiple of 8.
 
-`DequantNvfp4` does the same for NVFP4 (`blockscale-k16-m128x4-v1`); see its docstring.
+`DequantQTiled` does the same from the load-time `tile16-v1` image of the matrix
+(inferno/kernels/tiled.py), `DequantNvfp4` for NVFP4 (`blockscale-k16-m128x4-v1`); see their docstrings.
 """
 
 import cuda.bindings.driver as cuda
@@ -23,9 +24,11 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-CHUNK = 32  # codes per thread
-VEC = 8  # bf16 per 16-byte store
+CHUNK = 32  # codes per thread (row-split, NVFP4)
+VEC = 8  # bf16 per 16-byte store = codes per tile16-v1 item
 MAGIC = 0x4B000000  # float 2^23
+TILE_ROWS = 16  # tile16-v1: rows per tile
+BLOCK_WORDS = 128  # tile16-v1: int32 words of base codes per (tile, group) block (512 bytes)
 
 
 def _s32(u: int) -> int:
@@ -128,6 +131,153 @@ class DequantQ:
         if cutlass.const_expr(self.bits == 5):
             return nib | (((hw[0] >> (8 * j + q)) & 1) << 4)
         return nib | (((hw[j // 2] >> (2 * (8 * (j % 2) + q))) & 3) << 4)
+
+
+# ---- tile16-v1 arithmetic: plain integer code (DSL Int32 in the kernel, numpy in the CPU test) ----
+
+def items_per_block(bits: int) -> int:
+    """Items (8 codes of one row) per (tile, group) block: 128 base words, W8 64 word pairs."""
+    return 64 if bits == 8 else 128
+
+
+def high_block_words(bits: int) -> int:
+    """int32 words of high bits per block: 64 hb bytes (hb = 2 for Q5, 4 for Q6, else 0)."""
+    return {5: 32, 6: 64}.get(bits, 0)
+
+
+def plane_words(bits: int, tiles, groups):
+    """Word offsets (high plane, scale plane) of the image of `tiles` row tiles x `groups` groups.
+    Every plane is a whole number of 256-byte units already, so no padding is added."""
+    high = tiles * groups * BLOCK_WORDS
+    return high, high + tiles * groups * high_block_words(bits)
+
+
+def item_fields(bits: int, group: int, tile, j, v, groups):
+    """Where item v of block (tile, group j) is read and written (tile, j, v >= 0).
+
+    Returns (base word, high word, high shift, scale word, scale shift, row, col); the high and
+    scale words are relative to their planes, row is the matrix row, col the item's first column.
+    The lane that holds the item's bytes is l = v / 4 (W8: v / 2), its half (row g or g + 8)
+    h = (v / 2) % 2 (W8: v % 2), and the item's first code is 16 t + 8 (v % 2) (W8: 8 t).
+    """
+    blk = tile * groups + j
+    if bits == 8:
+        base = blk * BLOCK_WORDS + 2 * v
+        lane, half, u = v >> 1, v & 1, (v >> 1) & 3
+    else:
+        base = blk * BLOCK_WORDS + v
+        lane, half, u = v >> 2, (v >> 1) & 1, 2 * ((v >> 2) & 3) + (v & 1)
+    if bits == 5:  # Q5: high byte v of the block's 128 (bit q = code q's bit 4)
+        high, high_shift = blk * 32 + (v >> 2), 8 * (v & 3)
+    elif bits == 6:  # Q6: high half-word v of the block's 128 (bits 2q, 2q + 1)
+        high, high_shift = blk * 64 + (v >> 1), 16 * (v & 1)
+    else:
+        high, high_shift = 0, 0
+    g = lane >> 2
+    # scale block (tile, pair) = blk / 2 (groups is even); binary16 at byte 8 g + 4 (j % 2) + 2 h
+    scale, scale_shift = (blk >> 1) * 16 + 2 * g + (j & 1), 16 * half
+    row = TILE_ROWS * tile + g + 8 * half
+    col = j * group + VEC * u
+    return base, high, high_shift, scale, scale_shift, row, col
+
+
+def code_bits(bits: int, base, high, q: int):
+    """code + 2^(bits - 1) (unsigned) of code q (0..7) of an item: base its word (W8: its two
+    words), high its high-bit word shifted so that bit 0 is the item's first high bit."""
+    if bits == 8:
+        return ((base[q // 4] >> (8 * (q % 4))) & 0xFF) ^ 0x80
+    nib = (base >> (4 * q)) & 0xF
+    if bits == 4:
+        return nib ^ 0x8
+    if bits == 5:
+        return nib | ((((high >> q) & 1) ^ 1) << 4)
+    return nib | ((((high >> (2 * q)) & 3) ^ 2) << 4)
+
+
+class DequantQTiled:
+    """Groupwise-int `tile16-v1` -> bf16, the same output as `DequantQ` (rows [n0, n0 + M) of W,
+    K unpadded, its own row stride); the weight argument is the whole tile16-v1 image of [N, K].
+
+    An *item* is 8 codes of one row: a 4-byte base word of a (tile, group) block (W8: an 8-byte
+    pair), in block order, so item v of a block is its word v (W8: pair v) and the 32 items of a
+    warp instruction are 128 (256) contiguous bytes. In the layout's lane order (lane l = 4g + t,
+    16 bytes: row g, then row g + 8) the items of one instruction are 4 rows x 64 codes (W8: 8 rows
+    x 32 codes), so each thread's 8 bf16 go out as one 16-byte store and a warp store writes whole
+    128-byte lines (W8: 64-byte halves). CTA (x, y) takes row tile n0 / 16 + y and `items` x
+    `threads` consecutive items of it from item x * items * threads on (thread tid, step s: the
+    same item of a block `threads / items_per_block` groups further each step); it issues all its
+    loads, then decodes and stores. The index arithmetic (`item_fields`, `code_bits`) is the plain
+    integer code above, run on DSL values here and on numpy arrays by the CPU test.
+    """
+
+    def __init__(self, bits: int, group: int, threads: int = 256, items: int = 4):
+        if (bits, group) not in ((4, 64), (5, 64), (6, 64), (8, 32)):
+            raise ValueError("format must be bits/group 4/64, 5/64, 6/64 or 8/32")
+        if threads % items_per_block(bits):
+            raise ValueError(f"threads must be a multiple of {items_per_block(bits)}")
+        self.bits, self.group, self.threads, self.items = bits, group, threads, items
+        self.nvec = 2 if bits == 8 else 1  # base words per item
+        self.bias = 1 << (bits - 1)
+        self.per_block = items_per_block(bits)
+        self.jstep = threads // self.per_block  # groups apart of a thread's consecutive items
+
+    @cute.jit
+    def __call__(self, mW: cute.Tensor, mOut: cute.Tensor, n_total: cutlass.Int32, n0: cutlass.Int32,
+                 stream: cuda.CUstream):
+        m = cute.size(mOut, mode=[0])
+        k = cute.size(mOut, mode=[1])
+        per_cta = self.items * self.threads
+        # 2 K_pad items per row tile; M / 16 + 1 tiles (a slice that starts inside a tile touches one more)
+        grid = (((k + 127) // 128 * 256 + per_cta - 1) // per_cta, (m + TILE_ROWS - 1) // TILE_ROWS + 1, 1)
+        self.kernel(mW, mOut, n_total, n0).launch(grid=grid, block=(self.threads, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mW: cute.Tensor, mOut: cute.Tensor, n_total: cutlass.Int32, n0: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        m = cute.size(mOut, mode=[0])
+        k = cute.size(mOut, mode=[1])
+        groups = (k + 127) // 128 * (128 // self.group)
+        tile = n0 // TILE_ROWS + bidy
+        j0 = bidx * (self.items * self.jstep) + tidx // self.per_block  # the thread's first group
+        if tile * TILE_ROWS < n0 + m and j0 < groups:
+            high_off, scale_off = plane_words(self.bits, (n_total + TILE_ROWS - 1) // TILE_ROWS, groups)
+            v = tidx % self.per_block
+            wb = cute.make_rmem_tensor((self.nvec, self.items), cutlass.Int32)
+            hw = cute.make_rmem_tensor((self.items,), cutlass.Int32)
+            sw = cute.make_rmem_tensor((self.items,), cutlass.Int32)
+            dst = cute.make_rmem_tensor((2, self.items), cutlass.Int32)  # (out row or -1, col)
+            gW2 = cute.zipped_divide(mW, (2,))
+            # all loads first (groups past the last clamped to it; their stores are skipped)
+            for s in cutlass.range_constexpr(self.items):
+                j = j0 + s * self.jstep
+                base, high, high_shift, scale, scale_shift, row, col = item_fields(
+                    self.bits, self.group, tile, cutlass.min(j, groups - 1), v, groups)
+                if cutlass.const_expr(self.bits == 8):
+                    cute.autovec_copy(gW2[None, base // 2], wb[None, s])
+                else:
+                    wb[0, s] = mW[base]
+                if cutlass.const_expr(self.bits in (5, 6)):
+                    hw[s] = mW[high_off + high] >> high_shift
+                sw[s] = mW[scale_off + scale] >> scale_shift
+                dst[0, s] = cutlass.select_(j < groups, row - n0, -1)
+                dst[1, s] = col
+            for s in cutlass.range_constexpr(self.items):
+                sc = _f16lo_f32(sw[s])
+                if cutlass.const_expr(self.bits == 8):
+                    base = (wb[0, s], wb[1, s])
+                else:
+                    base = wb[0, s]
+                vals = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+                for q in cutlass.range_constexpr(VEC):
+                    c = code_bits(self.bits, base, hw[s], q)
+                    vals[q] = (_bits_f32(c | MAGIC) - cutlass.Float32(8388608.0 + self.bias)) * sc
+                out = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
+                out.store(vals.load().to(cutlass.BFloat16))
+                r, col = dst[0, s], dst[1, s]
+                if r >= 0 and r < m and col < k:
+                    gO = cute.zipped_divide(mOut[r, None], (VEC,))
+                    cute.autovec_copy(out, gO[None, col // VEC])
 
 
 def _e2m1_bits(c) -> cutlass.Int32:

@@ -298,15 +298,52 @@ def _ldx(addr, *, loc=None, ip=None):
     return _ld(addr, 4, "", loc, ip)
 
 
+@dsl_user_op
+def _lds4(addr, *, loc=None, ip=None):
+    """4 words from shared address `addr` (16-byte aligned)."""
+    ty = llvm.StructType.get_literal([T.i32()] * 4)
+    r = llvm.inline_asm(ty, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];",
+                        "=r,=r,=r,=r,r", has_side_effects=True, is_align_stack=False,
+                        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)  # (stays after the barrier)
+    return [cutlass.Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def _sts4(addr, v, *, loc=None, ip=None):
+    """4 words to shared address `addr` (16-byte aligned)."""
+    args = [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)] + [cutlass.Int32(e).ir_value(loc=loc, ip=ip) for e in v]
+    llvm.inline_asm(None, args, "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _lds1(addr, *, loc=None, ip=None) -> cutlass.Float32:
+    """One fp32 from shared address `addr`."""
+    return cutlass.Float32(llvm.inline_asm(T.f32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
+                                           "ld.shared.f32 $0, [$1];", "=f,r", has_side_effects=True,
+                                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def _bf16x2_sum(v, *, loc=None, ip=None) -> cutlass.Float32:
+    """lo + hi of a bf16x2 word, in fp32 (both exact in fp32, one rounding)."""
+    return cutlass.Float32(_asm(
+        T.f32(), [cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
+        "{ .reg .b32 lo, hi; .reg .f32 a, b; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xffff0000; "
+        "mov.b32 a, lo; mov.b32 b, hi; add.rn.f32 $0, a, b; }", "=f,r", loc, ip))
+
+
 # ---- the kernel --------------------------------------------------------------------------------
 
 class GemvMma:
     """`warps` warps per CTA in warp rows of `kw` warps that split K; a warp row owns `tiles` output
     units; `stages` register stages of group pairs per warp; registers capped for `ctas` CTAs per SM;
-    x loaded one pair ahead (`xpre`) or when its pair is computed."""
+    x loaded one pair ahead (`xpre`) or when its pair is computed, or (`xs`, Q4-Q6, T <= 2, K <= kmax)
+    staged once per CTA in shared memory as ready B words with each group's -bias * sum(x)."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, kw: int = 8,
-                 tiles: int = 1, stages: int = 3, ctas: int = 2, xpre: bool = True):
+                 tiles: int = 1, stages: int = 3, ctas: int = 2, xpre: bool = True, xs: bool = False,
+                 kmax: int = 0):
         if (bits, group) not in ((4, 64), (5, 64), (6, 64), (8, 32)):
             raise ValueError("format must be bits/group 4/64, 5/64, 6/64 or 8/32")
         if not 1 <= cols <= 8:
@@ -317,7 +354,10 @@ class GemvMma:
             raise ValueError("kw must divide warps; tiles >= 1, stages >= 2")
         self.bits, self.group, self.cols, self.epilogue = bits, group, cols, epilogue
         self.warps, self.kw, self.tiles, self.stages, self.ctas = warps, kw, tiles, stages, ctas
-        self.xpre = xpre
+        if xs and (bits == 8 or cols > 2 or kmax <= 0 or kmax % 128):
+            raise ValueError("xs: Q4-Q6, cols <= 2, kmax > 0 a multiple of 128 (shared x for K <= kmax)")
+        self.xpre, self.xs, self.kmax = xpre, xs, kmax
+        self.ngmax = kmax // group  # groups per row the shared x holds
         self.threads = 32 * warps
         self.rows = warps // kw  # warp rows per CTA
         self.units = self.rows * tiles  # output units (16 outputs) per CTA
@@ -369,21 +409,28 @@ class GemvMma:
         x_ptr = mX.iterator + cute.crd2idx((xrow, 0), mX.layout)
 
         ns = self.slots
+        smem = cutlass.memory.SmemAllocator()
+        red = smem.allocate_tensor(cutlass.Float32, cute.make_layout((32, 4, ns, self.warps)), byte_alignment=16)
+        xsm, nbs = red, red  # (unused without xs)
+        if cutlass.const_expr(self.xs):
+            xsm = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.cols * self.ngmax * 32,)),
+                                       byte_alignment=16)
+            nbs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.cols * self.ngmax,)),
+                                       byte_alignment=16)
         acc = cute.make_rmem_tensor((4, ns), cutlass.Float32)
         acc.fill(0.0)
         ld = (w_ptr, x_ptr, tiles, ngr, high, scale, lane, k, p0, n_local, npairs)
+        xsd = (mX, xsm, nbs)
         if cutlass.const_expr(self.epilogue == "swiglu"):
             # gate and first up tile of every unit; the second up tile in a pass of its own (only
             # when I % 16 != 0), so that the usual case keeps its registers
-            self._stream(ld, acc, tuple(s for s in range(ns) if s % 3 != 2))
+            self._stream(ld, acc, tuple(s for s in range(ns) if s % 3 != 2), xsd)
             if m % 16 != 0:
-                self._stream(ld, acc, tuple(range(2, ns, 3)))
+                self._stream(ld, acc, tuple(range(2, ns, 3)), xsd)
         else:
-            self._stream(ld, acc, tuple(range(ns)))
+            self._stream(ld, acc, tuple(range(ns)), xsd)
 
         # ---- reduce over the kw warps of a row, epilogue ----
-        smem = cutlass.memory.SmemAllocator()
-        red = smem.allocate_tensor(cutlass.Float32, cute.make_layout((32, 4, ns, self.warps)), byte_alignment=16)
         for s in cutlass.range_constexpr(ns):
             for e in cutlass.range_constexpr(4):
                 red[lane, e, s, warp] = acc[e, s]
@@ -424,15 +471,18 @@ class GemvMma:
         return a
 
     @cute.jit
-    def _stream(self, ld, acc, sl):
+    def _stream(self, ld, acc, sl, xsd):
         """Stream the warp's group pairs of the tile slots `sl` into acc: weights `stages` - 1 pairs
-        ahead in registers, x one pair ahead (`xpre`) or when needed."""
+        ahead in registers, x one pair ahead (`xpre`), when needed, or from shared memory (`xs`:
+        staged by the first pass)."""
         p0, n_local, npairs = ld[8], ld[9], ld[10]
         S, nb = self.stages, len(sl)
         wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)  # base words [word, group, slot, stage]
         hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
         sb = cute.make_rmem_tensor((2, nb, S), cutlass.Int32)  # scale words [group, slot, stage]
-        xb = cute.make_rmem_tensor((self.xw, 2, S), cutlass.Int32)  # x words [word, group, stage]
+        xb = sb  # (unused with xs)
+        if cutlass.const_expr(not self.xs):
+            xb = cute.make_rmem_tensor((self.xw, 2, S), cutlass.Int32)  # x words [word, group, stage]
         wb.fill(0)
         hbuf.fill(0)
         sb.fill(0)
@@ -443,7 +493,13 @@ class GemvMma:
                 self._load_w(ld, bufs, sl, p0 + st, st)
         cute.arch.griddepcontrol_wait()
         last = npairs - 1
-        if cutlass.const_expr(self.xpre):
+        xsr = (0, 0, 0)
+        if cutlass.const_expr(self.xs):
+            if cutlass.const_expr(sl[0] == 0):
+                self._stage_x(xsd, ld[7], ld[3])
+                cute.arch.sync_threads()
+            xsr = self._xs_lane(xsd, ld[6])
+        elif cutlass.const_expr(self.xpre):
             self._load_x(ld, xb, cutlass.min(p0, last), 0)
         cute.arch.griddepcontrol_launch_dependents()
         kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
@@ -454,12 +510,12 @@ class GemvMma:
                 nxt = i + S - 1
                 if nxt < n_local:
                     self._load_w(ld, bufs, sl, p0 + nxt, (u + S - 1) % S)
-                if cutlass.const_expr(self.xpre):  # x one pair ahead
+                if cutlass.const_expr(self.xpre and not self.xs):  # x one pair ahead
                     self._load_x(ld, xb, cutlass.min(p0 + i + 1, last), (u + 1) % S)
                 if i < n_local:
-                    if cutlass.const_expr(not self.xpre):  # x when needed (mostly L1 hits)
+                    if cutlass.const_expr(not self.xpre and not self.xs):  # x when needed (mostly L1 hits)
                         self._load_x(ld, xb, p0 + i, u)
-                    self._compute(ops, kb, bufs, acc, sl, u)
+                    self._compute(ops, kb, bufs, acc, sl, u, p0 + i, xsr)
 
     @cute.jit
     def _load_w(self, ld, bufs, sl, p, st):
@@ -495,14 +551,84 @@ class GemvMma:
                     xb[4 * c + e, q, st] = v[e] & keep
 
     @cute.jit
-    def _compute(self, ops, kb, bufs, acc, sl, st):
-        """The mmas of the group pair in stage st, into acc."""
+    def _stage_x(self, xsd, k, ngr):
+        """All threads: x [T, K] into shared memory as the B words of every (column c, group j, quad
+        thread t) (b_regs of x[c, 64 j + 16 t ..], 32 bytes at ((c ngmax + j) 4 + t) 32) and
+        -bias * sum(x[c, group j]) at c ngmax + j; columns >= T repeat column T - 1, x past K is 0.
+        A thread's records are r = tidx + threads i; all their x loads are issued first (one L2
+        latency for the whole staging), then decoded and stored."""
+        mX, xsm, nbs = xsd
+        tidx, _, _ = cute.arch.thread_idx()
+        t_rows = cute.size(mX, mode=[0])
+        n_rec = self.cols * ngr * 4
+        xs0 = xsm.iterator.toint()
+        ops = DslOps()
+        rounds = (self.cols * self.ngmax * 4 + self.threads - 1) // self.threads
+        xv = cute.make_rmem_tensor((8, rounds), cutlass.Int32)
+        for it in cutlass.range_constexpr(rounds):
+            rr = cutlass.min(it * self.threads + tidx, n_rec - 1)  # in range: whole quads stay in step
+            t = rr % 4
+            j = rr // 4 % ngr
+            c = rr // (4 * ngr)
+            x_ptr = mX.iterator + cute.crd2idx((cutlass.min(c, t_rows - 1), 0), mX.layout)
+            for h in cutlass.range_constexpr(2):
+                e = j * 64 + 16 * t + 8 * h
+                v = _ldx((x_ptr + cutlass.min(e, k - 8)).toint())
+                keep = cutlass.Int32(0) - cutlass.Int32(e < k)  # all ones inside K
+                for q in cutlass.range_constexpr(4):
+                    xv[4 * h + q, it] = v[q] & keep
+        for it in cutlass.range_constexpr(rounds):
+            r = it * self.threads + tidx
+            rr = cutlass.min(r, n_rec - 1)
+            t = rr % 4
+            j = rr // 4 % ngr
+            c = rr // (4 * ngr)
+            xw = [xv[q, it] for q in range(8)]
+            s = cutlass.Float32(0.0)
+            for q in cutlass.range_constexpr(8):
+                s = s + _bf16x2_sum(xw[q])
+            br = b_regs(ops, self.bits, xw)
+            s = s + cute.arch.shuffle_sync_bfly(s, offset=1)
+            s = s + cute.arch.shuffle_sync_bfly(s, offset=2)
+            if r < n_rec:
+                a = xs0 + ((c * self.ngmax + j) * 4 + t) * 32
+                _sts4(a, [br[0][0], br[0][1], br[1][0], br[1][1]])
+                _sts4(a + 16, [br[2][0], br[2][1], br[3][0], br[3][1]])
+                if t == 0:
+                    nbs[c * self.ngmax + j] = s * cutlass.Float32(-float(BIAS[self.bits]))
+
+    @cute.jit
+    def _xs_lane(self, xsd, lane):
+        """Shared addresses of this lane's B words (column min(g, T - 1), thread t; + 128 j) and of
+        the -bias sums of its C columns 2t, 2t + 1 (+ 4 j)."""
+        mX, xsm, nbs = xsd
+        t_rows = cute.size(mX, mode=[0])
+        g, t = lane // 4, lane % 4
+        rec = xsm.iterator.toint() + (cutlass.min(g, t_rows - 1) * self.ngmax * 4 + t) * 32
+        nb0 = nbs.iterator.toint()
+        return (rec, nb0 + cutlass.min(2 * t, t_rows - 1) * self.ngmax * 4,
+                nb0 + cutlass.min(2 * t + 1, t_rows - 1) * self.ngmax * 4)
+
+    @cute.jit
+    def _compute(self, ops, kb, bufs, acc, sl, st, p, xsr):
+        """The mmas of the group pair p in stage st, into acc."""
         wb, hbuf, sb, xb = bufs
         for q in cutlass.range_constexpr(2):
-            bregs = b_regs(ops, self.bits, [xb[i, q, st] for i in range(self.xw)])
-            nb = [cutlass.Float32(0.0)] * 4
-            for mk in bias_steps(self.bits):
-                nb = _mma((kb, kb, kb, kb), bregs[mk], nb)
+            if cutlass.const_expr(self.xs):
+                j = 2 * p + q
+                b0 = _lds4(xsr[0] + j * 128)
+                b1 = _lds4(xsr[0] + j * 128 + 16)
+                bregs = [(b0[0], b0[1]), (b0[2], b0[3]), (b1[0], b1[1]), (b1[2], b1[3])]
+                va = _lds1(xsr[1] + j * 4)
+                vb = va
+                if cutlass.const_expr(self.cols > 1):
+                    vb = _lds1(xsr[2] + j * 4)
+                nb = [va, vb, va, vb]
+            else:
+                bregs = b_regs(ops, self.bits, [xb[i, q, st] for i in range(self.xw)])
+                nb = [cutlass.Float32(0.0)] * 4
+                for mk in bias_steps(self.bits):
+                    nb = _mma((kb, kb, kb, kb), bregs[mk], nb)
             for b in cutlass.range_constexpr(len(sl)):
                 lo = self._pairs(ops, wb[0, q, b, st], wb[1, q, b, st], hbuf, 0, q, b, st)
                 hi = self._pairs(ops, wb[2, q, b, st], wb[3, q, b, st], hbuf, 1, q, b, st)
@@ -511,7 +637,7 @@ class GemvMma:
                     d = _mma((lo[mk][0], hi[mk][0], lo[mk][1], hi[mk][1]), bregs[mk], d)
                 for h in cutlass.range_constexpr(2):
                     sc = _f16_f32(sb[q, b, st], h)
-                    for e in cutlass.range_constexpr(2):
+                    for e in cutlass.range_constexpr(1 if self.cols == 1 else 2):  # T = 1: column 0 only
                         acc[2 * h + e, sl[b]] = acc[2 * h + e, sl[b]] + sc * d[2 * h + e]
 
     def _pairs(self, ops, w0, w1, hbuf, h, q, s, st):

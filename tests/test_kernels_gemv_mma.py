@@ -208,7 +208,8 @@ def test_alternatives():
 
 def test_variant_table():
     names = {v.name for v in mv.GEMV_MMA_VARIANTS}
-    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == 4 * 3 * 2 * len(mv.KW)
+    # register-x K splits for every (format, epilogue, T), + T = 1 Q4-Q6: xs K splits and stream-K
+    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == 4 * 3 * 2 * len(mv.KW) + 3 * 3 * (len(mv.XS_KW) + 1)
     assert mv.variant_name("Q4G64_F16S", "swiglu", 1) == "gemv_mma_q4_t1_swiglu"
     assert mv.variant_name("W8G32_F16S", "residual", 2) == "gemv_mma_w8_t8_res"
     assert mv.variant_name("Q6G64_F16S", "plain", 8) == "gemv_mma_q6_t8"
@@ -259,11 +260,85 @@ def test_launcher_refuses_bad_arguments():
         mv.GemvMma(_Loaded(mv.gemv_mma_variant("gemv_mma_q4_t1_k8")), _Loaded(mv.gemv_mma_variant("gemv_mma_q5_t1_k4")))
 
 
-@pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q6_t8_res_k8", "sm_90a"),
+def test_family_members_and_choice():
+    """A T = 1 Q4-Q6 family holds register-x, xs and stream-K members; the launcher takes stream-K for
+    the 27B gate_up / down sizes, xs (kw 2 for the output head, else 4) for the rest, and the register-x
+    K split only for K past KMAX. W8 and T = 8 families are register-x only."""
+    names = mv.family_members("gemv_mma_q4_t1_swiglu")
+    assert names == ["gemv_mma_q4_t1_swiglu_k2", "gemv_mma_q4_t1_swiglu_k4", "gemv_mma_q4_t1_swiglu_k8",
+                     "gemv_mma_q4_t1_swiglu_k2_xs", "gemv_mma_q4_t1_swiglu_k4_xs", "gemv_mma_q4_t1_swiglu_sk"]
+    assert mv.family_members("gemv_mma_w8_t1") == [f"gemv_mma_w8_t1_k{kw}" for kw in mv.KW]
+    assert mv.family_members("gemv_mma_q5_t8_res") == [f"gemv_mma_q5_t8_res_k{kw}" for kw in mv.KW]
+    assert mv.family_members("gemv_mma_q6_t1_k4_xs") == ["gemv_mma_q6_t1_k4_xs"]
+    fam = {epi: mv.GemvMma(*(_Loaded(mv.gemv_mma_variant(n)) for n in mv.family_members(mv.variant_name(
+        "Q5G64_F16S", epi, 1)))) for epi in ("plain", "swiglu", "residual")}
+    assert isinstance(fam["swiglu"].member(17408, 5120), mv.GemvMmaSK)  # gate_up: 1088 units x 40 pairs
+    assert isinstance(fam["residual"].member(5120, 17408), mv.GemvMmaSK)  # down: 320 x 136
+    lk, outs = fam["plain"].member(12288, 5120)  # value_z: 30,720 blocks, 768 units
+    assert lk.manifest.config["xs"] and lk.manifest.config["kw"] == 2 and outs == 64
+    lk, outs = fam["plain"].member(7168, 5120)  # attention q|k: 448 units
+    assert lk.manifest.config["xs"] and lk.manifest.config["kw"] == 4 and outs == 32
+    lk, outs = fam["plain"].member(248320, 5120)  # the output head
+    assert lk.manifest.config["xs"] and lk.manifest.config["kw"] == 2
+    lk, _ = fam["plain"].member(4096, mv.KMAX + 8)
+    assert not lk.manifest.config.get("xs") and lk.manifest.config["kw"] == mv.k_split(4096, mv.KMAX + 8)
+    only_xs = mv.GemvMma(_Loaded(mv.gemv_mma_variant("gemv_mma_q5_t1_k4_xs")))
+    with pytest.raises(LaunchError, match="no loaded member takes K"):
+        only_xs.member(64, mv.KMAX + 8)
+
+
+@pytest.mark.parametrize("m", [1, 16, 17, 24, 501, 1088])
+@pytest.mark.parametrize("epilogue", ["plain", "swiglu"])
+def test_stream_k_row_ownership(epilogue, m):
+    """Every weight row is added into the workspace by exactly one unit, and a unit adds exactly the
+    rows its epilogue reads back (gate o and up I + o for swiglu, o for plain), ragged I included."""
+    from cute_kernels.gemv_mma import unit_tiles
+    from cute_kernels.gemv_mma_sk import owned
+
+    n_w = 2 * m if epilogue == "swiglu" else m
+    n_tiles, units = -(-n_w // 16), -(-m // 16)
+    adds = {}
+    for u in range(units):
+        tiles = unit_tiles(epilogue, u, m, n_tiles)
+        rows = set()
+        for slot in range(3 if epilogue == "swiglu" else 1):
+            for r in range(16):
+                row = 16 * tiles[slot] + r
+                if owned(epilogue, slot, tiles[slot], tiles, u, row, m, n_w):
+                    assert row not in rows
+                    rows.add(row)
+                    adds[row] = adds.get(row, 0) + 1
+        outs = [o for o in range(16 * u, 16 * u + 16) if o < m]
+        assert rows == set(outs) | ({m + o for o in outs} if epilogue == "swiglu" else set())
+    assert sorted(adds) == list(range(n_w)) and set(adds.values()) == {1}
+
+
+def test_stream_k_variants():
+    v = mv.make_sk_variant("Q4G64_F16S", "swiglu")
+    assert v.name == "gemv_mma_q4_t1_swiglu_sk" and v.grid[0] == f"SMS * {mv.SK_CTAS}"
+    assert [a.name for a in v.args if a is not None] == ["w", "x", "y", "ws"]
+    assert mv.make_sk_variant("Q6G64_F16S", "plain", stages=2, ctas=1, warps=16).name == "gemv_mma_q6_t1_sk_p2_c1_w16"
+    with pytest.raises(LaunchError, match="Q4-Q6 at T = 1"):
+        mv.make_sk_variant("W8G32_F16S", "plain")
+    # counters for 2 units padded to 32 words, then fp32 sums [cols, rows of W]
+    assert mv.sk_workspace_bytes(17, 34, 1) == 4 * (32 + 34)
+    assert mv.sk_workspace_bytes(5120, 5120, 1) == 4 * (320 + 5120)
+    kern = mv.GemvMmaSK(_Loaded(v))
+    from inferno.cuda.memory import DeviceBuffer
+
+    fake = DeviceBuffer.__new__(DeviceBuffer)
+    with pytest.raises(LaunchError, match="takes K <="):
+        kern(fake, fake, fake, 64, mv.KMAX + 8, 1)
+    with pytest.raises(LaunchError, match="not a stream-K"):
+        mv.GemvMmaSK(_Loaded(mv.gemv_mma_variant("gemv_mma_q4_t1_k8")))
+
+
+@pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),
+                                       ("gemv_mma_q6_t1_k4_xs", "sm_90a"), ("gemv_mma_q4_t1_swiglu_sk", "sm_120a"), ("gemv_mma_q6_t8_res_k8", "sm_90a"),
                                        ("gemv_mma_w8_t1_k4", "sm_120a")])
 def test_builds(name, arch, tmp_path):
     v = mv.gemv_mma_variant(name)
     m = build_variant(v, arch, tmp_path)
     assert (tmp_path / arch / f"{name}.cubin").stat().st_size > 1000
-    assert m.block == [32 * mv.WARPS, 1, 1]
+    assert m.block == [32 * v.config["warps"], 1, 1]
     assert [p.name for p in m.params] == [a.name for a in v.args if a is not None]

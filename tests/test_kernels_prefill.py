@@ -1,8 +1,11 @@
 """CPU: the prefill kernels (dequant, attn_prefill) build for sm_90a and sm_120a; manifests, launcher
 packing and argument checks; a numpy model of the attention kernel's tiling (page blocks, key-block
-order, diagonal mask, -inf rows) against the reference attention."""
+order, diagonal mask, -inf rows) against the reference attention; the tile16-v1 dequant kernel's own
+index and bit arithmetic run on numpy over its grid (tile16-v1 image in, every element once, equal
+to `qlayout.dequant_rows` of the row-split payload)."""
 
 import hashlib
+import re
 import struct
 
 import numpy as np
@@ -14,8 +17,10 @@ from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import ParamLayout, ParamSpec
 from inferno.kernels import prefill_variants as pv
+from inferno.kernels import qlayout as ql
 from inferno.kernels.kv_layout import KVLayout, page_table
-from inferno.kernels.manifest import Manifest, grid_symbols, source_hash
+from inferno.kernels.manifest import Manifest, eval_grid, grid_symbols, source_hash
+from inferno.kernels.reference import bf16
 from inferno.kernels.registry import ARCHS, Tensor
 from inferno.model.reference.attention import causal_attention
 
@@ -130,6 +135,301 @@ def test_nvfp4_kernel_model_matches_decoder():
     got = nvfp4_kernel_model(pay, n, k)
     want = nv.decode(pay, (n, k))
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+# --- numpy model of cute_kernels/dequant.py's tile16-v1 groupwise-int kernel (DequantQTiled) ---------
+
+
+def _dequant_tiled_model(fmt: str, image: np.ndarray, n: int, k: int, n0: int, rows: int, stride: int):
+    """Run DequantQTiled's thread mapping and bit logic (its own `item_fields` / `code_bits`, on numpy
+    arrays) over the grid the variant's rule gives: (out fp32 [rows, stride], NaN where unwritten;
+    how many times each element was written)."""
+    dq = pytest.importorskip("cute_kernels.dequant", reason="CuTe DSL not installed")
+    v = pv.prefill_variant(pv.DEQUANT_TILED[fmt])
+    bits, group, threads, items = (v.config[x] for x in ("bits", "group", "threads", "items"))
+    grid = eval_grid(v.grid, {"M": rows, "K": k, "WL": image.size // 4, "out_stride": stride})
+    words = image.view("<i4").astype(np.int64)  # the kernel's Int32 words (arithmetic shifts)
+    groups = -(-k // 128) * 128 // group
+    per_block = dq.items_per_block(bits)
+    jstep = threads // per_block
+    bx, by, tidx = np.meshgrid(np.arange(grid[0]), np.arange(grid[1]), np.arange(threads), indexing="ij")
+    tile = n0 // 16 + by.ravel()
+    j0 = bx.ravel() * (items * jstep) + tidx.ravel() // per_block
+    vi = tidx.ravel() % per_block
+    active = (tile * 16 < n0 + rows) & (j0 < groups)  # the threads that pass the kernel's first test
+    tile, j0, vi = tile[active], j0[active], vi[active]
+    high_off, scale_off = dq.plane_words(bits, -(-n // 16), groups)
+    out = np.full((rows, stride), np.nan, np.float32)
+    count = np.zeros((rows, stride), np.int64)
+    for s in range(items):
+        j = j0 + s * jstep
+        base, high, high_shift, scale, scale_shift, row, col = dq.item_fields(
+            bits, group, tile, np.minimum(j, groups - 1), vi, groups)
+        assert np.all(base + (bits == 8) < high_off)  # inside the base plane
+        wb = (words[base], words[base + 1]) if bits == 8 else words[base]
+        hw = words[high_off + high] >> high_shift if bits in (5, 6) else 0
+        sc = ((words[scale_off + scale] >> scale_shift) & 0xFFFF).astype(np.uint16).view(np.float16)
+        r = row - n0
+        ok = (j < groups) & (r >= 0) & (r < rows) & (col < k)
+        for q in range(dq.VEC):
+            c = dq.code_bits(bits, wb, hw, q)
+            f = (c | dq.MAGIC).astype(np.uint32).view(np.float32) - np.float32(2**23 + (1 << (bits - 1)))
+            val = (f * sc.astype(np.float32)).astype(bf16).astype(np.float32)
+            out[r[ok], col[ok] + q] = val[ok]
+            np.add.at(count, (r[ok], col[ok] + q), 1)
+    return out, count
+
+
+@pytest.mark.parametrize("fmt", list(gw.SCHEMES))
+@pytest.mark.parametrize("n,k,n0,rows,stride", [
+    (16, 128, 0, 16, 128), (40, 200, 0, 40, 200), (1002, 264, 301, 500, 272), (130, 8, 0, 130, 8),
+    (48, 1000, 17, 16, 1000), (48, 384, 5, 3, 392), (33, 256, 32, 1, 256), (20, 5120, 0, 20, 5120)])
+def test_dequant_tiled_model_matches_decoder(fmt, n, k, n0, rows, stride):
+    """Every element of the slice written exactly once, with bf16(code * scale) of the row-split
+    payload; padding columns and other rows never written."""
+    from inferno.kernels.tiled import tile, tiled_geometry
+
+    rng = np.random.default_rng()
+    pay = ql.random_payload(fmt, n, k, rng)
+    image = tile(fmt, pay, n, k)
+    assert image.size == tiled_geometry(fmt, n, k).nbytes
+    got, count = _dequant_tiled_model(fmt, image, n, k, n0, rows, stride)
+    assert np.all(count[:, :k] == 1) and np.all(count[:, k:] == 0)
+    want = ql.dequant_rows(fmt, pay, n, k, np.arange(n0, n0 + rows)).astype(np.float32).astype(bf16)
+    assert np.array_equal(got[:, :k].astype(bf16).view(np.uint16), want.view(np.uint16))
+
+
+# --- the compiled PTX of the tile16-v1 dequant kernel, run by a small SIMT interpreter ----------------
+#
+# The numpy model above checks the kernel's intended arithmetic; this runs what the DSL made of it:
+# the kernel's PTX for sm_90a, every thread of the launch grid in lockstep (numpy lanes, forward
+# branches as an active mask), loads from the tile16-v1 image, stores into a poisoned output.
+
+M32 = (1 << 32) - 1
+W_BASE, OUT_BASE = 1 << 40, 1 << 44  # fake device addresses of the weight image and the output
+_ASM_F16 = re.compile(r"\{\s*\.reg \.b16 lo, hi;\s*mov\.b32 \{lo, hi\}, (%r\d+);\s*cvt\.f32\.f16 (%r\d+), lo;\s*\}")
+
+
+def _compile_dequant_ptx(name: str) -> str:
+    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
+    import importlib
+    import tempfile
+
+    from inferno.kernels import build
+
+    v = pv.prefill_variant(name)
+    cutlass, cute, cuda, make_fake_tensor = build._import_dsl()
+    kernel = getattr(importlib.import_module(v.source), v.cls)(**v.config)
+    args = build._fake_args(v, cutlass, cute, cuda, make_fake_tensor)
+    with tempfile.TemporaryDirectory(prefix="inferno-ptx-") as tmp:
+        return cute.compile(kernel, *args, options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {tmp}").__ptx__
+
+
+def _ptx_program(ptx: str) -> list[str]:
+    start = ptx.index("{", ptx.index(".entry")) + 1
+    body = _ASM_F16.sub(r"cvt.f32.f16lo \2, \1;", ptx[start:ptx.rindex("}")])  # the kernel's body
+    text = "\n".join(line.split("//")[0] for line in body.splitlines())
+    out = []
+    for st in text.split(";"):
+        st = " ".join(st.split())
+        while (m := re.match(r"^(\$\w+):\s*", st)):  # a label, then maybe its first statement
+            out.append(m.group(1) + ":")
+            st = st[m.end():]
+        if st and not st.startswith("."):
+            out.append(st)
+    return out
+
+
+def _s32(u):
+    return ((u & M32) ^ 0x80000000).astype(np.int64) - 0x80000000
+
+
+def _f32(u):
+    return (u & M32).astype(np.uint32).view(np.float32)
+
+
+def _bits(f):
+    return np.asarray(f, np.float32).view(np.uint32).astype(np.uint64)
+
+
+def _bf16_bits(u):
+    return _bits(_f32(u).astype(bf16).astype(np.float32)) >> np.uint64(16)
+
+
+def run_ptx(ptx: str, grid: tuple, threads: int, params: dict[str, bytes], image: np.ndarray, out: np.ndarray,
+            writes: np.ndarray) -> None:
+    """Run `ptx` over `grid` x `threads`: `image` (uint32 words) at W_BASE is read, `out` (uint32 words,
+    bf16 pairs) at OUT_BASE written and each written word counted in `writes`."""
+    bx, by, tx = np.meshgrid(np.arange(grid[0]), np.arange(grid[1]), np.arange(threads), indexing="ij")
+    lanes = bx.size
+    special = {"%tid.x": tx.ravel(), "%ctaid.x": bx.ravel(), "%ctaid.y": by.ravel()}
+    reg: dict[str, np.ndarray] = {}
+    active = np.ones(lanes, bool)
+    waiting: dict[str, np.ndarray] = {}
+
+    def val(x: str) -> np.ndarray:
+        if x in reg:
+            return reg[x]
+        if x in special:
+            return special[x].astype(np.uint64)
+        if x.startswith("0f"):
+            return np.full(lanes, int(x[2:], 16), np.uint64)
+        return np.full(lanes, int(x) & ((1 << 64) - 1), np.uint64)
+
+    def put(d: str, v, on: np.ndarray) -> None:
+        old = reg.get(d, np.zeros(lanes, np.uint64))
+        reg[d] = np.where(on, np.asarray(v).astype(np.uint64), old)
+
+    for st in _ptx_program(ptx):
+        if st.endswith(":"):
+            active |= waiting.pop(st[:-1], False)
+            continue
+        pred = None
+        if st.startswith("@"):
+            p, st = st.split(" ", 1)
+            pred = val(p.lstrip("@!")).astype(bool) ^ p.startswith("@!")
+        op, _, rest = st.partition(" ")
+        on = active if pred is None else active & pred
+        if op == "ret":
+            break
+        if op == "bra":
+            assert rest.startswith("$"), st
+            waiting[rest] = waiting.get(rest, np.zeros(lanes, bool)) | on
+            active = active & ~on
+            continue
+        if op.startswith("ld.param"):
+            m = re.match(r"(\{.*\}|%\w+), \[(\w+?)(?:\+(\d+))?\]", rest)
+            dst, pname, off = m.group(1), m.group(2), int(m.group(3) or 0)
+            raw = params[pname.rsplit("_", 1)[-1]]
+            width = 8 if op.endswith("64") else 4
+            for i, d in enumerate(dst.strip("{}").split(", ")):
+                word = int.from_bytes(raw[off + i * width:off + (i + 1) * width], "little")
+                put(d, np.full(lanes, word, np.uint64), on)
+            continue
+        args = [a.strip() for a in re.split(r",(?![^{]*\})", rest)]
+        if op.startswith("ld.global"):
+            addr = val(args[1].strip("[]"))[on].astype(np.int64) - W_BASE
+            assert np.all(addr % 4 == 0) and np.all(addr >= 0), st
+            words = addr // 4
+            for i, d in enumerate(args[0].strip("{}").split(", ")):
+                assert np.all(words + i < image.size), f"{st}: read past the image"
+                v = np.zeros(lanes, np.uint64)
+                v[on] = image[words + i]
+                put(d, v, on)
+            continue
+        if op.startswith("st.global"):
+            srcs = args[1].strip("{}").split(", ")
+            addr = val(args[0].strip("[]"))[on].astype(np.int64) - OUT_BASE
+            assert np.all(addr % (4 * len(srcs)) == 0) and np.all(addr >= 0), st
+            for i, s in enumerate(srcs):
+                w = addr // 4 + i
+                assert np.all(w < out.size), f"{st}: write past the output"
+                out[w] = val(s)[on] & M32
+                np.add.at(writes, w, 1)
+            continue
+        d, a = args[0], [val(x) for x in args[1:]]
+        kind = op.split(".")[0]
+        typ = op.rsplit(".", 1)[-1]
+        if op == "cvt.f32.f16lo":
+            v = _bits((a[0] & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float32))
+        elif op == "cvt.rn.bf16x2.f32":
+            v = (_bf16_bits(a[0]) << np.uint64(16)) | _bf16_bits(a[1])
+        elif op in ("cvt.u64.u32",):
+            v = a[0] & M32
+        elif op in ("cvt.s64.s32",):
+            v = _s32(a[0]).astype(np.uint64)
+        elif typ == "f32":
+            f = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[kind](_f32(a[0]), _f32(a[1]))
+            v = _bits(f)
+        elif kind == "setp":
+            cmp = op.split(".")[1]
+            x, y = (_s32(a[0]), _s32(a[1])) if typ == "s32" else (a[0] & M32, a[1] & M32)
+            v = {"lt": x < y, "le": x <= y, "gt": x > y, "ge": x >= y, "eq": x == y, "ne": x != y}[cmp]
+        elif typ == "pred":
+            v = {"and": np.logical_and, "or": np.logical_or}[kind](a[0].astype(bool), a[1].astype(bool))
+        elif kind == "selp":
+            v = np.where(a[2].astype(bool), a[0], a[1]) & M32
+        elif kind == "mov":
+            v = a[0] & M32
+        elif op == "mul.wide.s32":
+            v = (_s32(a[0]) * _s32(a[1])).astype(np.uint64)
+        elif typ in ("s64", "b64", "u64"):
+            if kind == "mad":
+                v = a[0] * a[1] + a[2]
+            elif kind == "shl":
+                v = a[0] << a[1]
+            else:
+                v = {"add": np.add, "sub": np.subtract}[kind](a[0], a[1])
+        else:  # 32-bit integer
+            x, y = _s32(a[0]), (_s32(a[1]) if len(a) > 1 else None)
+            u, sh = a[0] & M32, (a[1] & M32 if len(a) > 1 else None)
+            if kind in ("shl", "shr"):
+                sh = np.minimum(sh, 32).astype(np.int64)
+                if kind == "shl":
+                    v = np.where(sh >= 32, 0, (u << np.minimum(sh, 31).astype(np.uint64)) & M32)
+                elif typ == "s32":
+                    v = (x >> np.minimum(sh, 31)).astype(np.int64)
+                else:
+                    v = np.where(sh >= 32, 0, u >> np.minimum(sh, 31).astype(np.uint64))
+            elif kind in ("and", "or", "xor"):
+                v = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[kind](u, a[1] & M32)
+            elif kind == "add":
+                v = x + y
+            elif kind == "sub":
+                v = x - y
+            elif kind == "mul":
+                assert op == "mul.lo.s32", st
+                v = x * y
+            elif kind == "min":
+                v = np.minimum(x, y) if typ == "s32" else np.minimum(u, a[1] & M32)
+            else:
+                raise AssertionError(f"PTX instruction not modelled: {st}")
+            v = np.asarray(v).astype(np.int64).astype(np.uint64) & M32
+        put(d, v, on)
+    assert not any(w.any() for w in waiting.values()), "threads left waiting at a label never reached"
+
+
+_PTX: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("fmt", list(gw.SCHEMES))
+@pytest.mark.parametrize("n,k,n0,rows,stride", [
+    (40, 200, 0, 40, 200), (1002, 264, 301, 37, 272), (48, 384, 5, 3, 392), (33, 256, 32, 1, 256),
+    (24, 5120, 3, 18, 5128)])
+def test_dequant_tiled_ptx_matches_decoder(fmt, n, k, n0, rows, stride):
+    """The kernel's compiled PTX, run over its launch grid on a tile16-v1 image: every element of the
+    slice written once with bf16(code * scale) of the row-split payload; nothing else written."""
+    name = pv.DEQUANT_TILED[fmt]
+    ptx = _PTX.get(name) or _PTX.setdefault(name, _compile_dequant_ptx(name))
+    from inferno.kernels.tiled import tile
+
+    v = pv.prefill_variant(name)
+    pay = ql.random_payload(fmt, n, k, np.random.default_rng())
+    image = tile(fmt, pay, n, k).view("<u4")
+    grid = eval_grid(v.grid, {"M": rows, "K": k, "WL": image.size, "out_stride": stride})
+    out = np.full(rows * stride // 2 + 16, M32, np.uint64)  # bf16 pairs, poisoned, a guard tail
+    writes = np.zeros(out.size, np.int64)
+    params = {"0": struct.pack("<Qii", W_BASE, image.size, 0), "1": struct.pack("<Qiiq", OUT_BASE, rows, k, stride),
+              "2": struct.pack("<i", n), "3": struct.pack("<i", n0)}
+    run_ptx(ptx, grid, v.config["threads"], params, image.astype(np.uint64), out, writes)
+    per_row = writes[:rows * stride // 2].reshape(rows, stride // 2)
+    assert np.all(per_row[:, :k // 2] == 1) and np.all(per_row[:, k // 2:] == 0) and not writes[rows * stride // 2:].any()
+    got = out[:rows * stride // 2].astype(np.uint32).view(np.uint16).reshape(rows, stride)[:, :k]
+    want = ql.dequant_rows(fmt, pay, n, k, np.arange(n0, n0 + rows)).astype(np.float32).astype(bf16)
+    assert np.array_equal(got, want.view(np.uint16))
+
+
+@pytest.mark.parametrize("fmt", list(gw.SCHEMES))
+def test_dequant_tiled_plane_words_match_tiled_geometry(fmt):
+    dq = pytest.importorskip("cute_kernels.dequant", reason="CuTe DSL not installed")
+    from inferno.kernels.tiled import tiled_geometry
+
+    bits = gw.SCHEMES[fmt].bits
+    for n, k in [(16, 128), (1002, 200), (34816, 5120), (5120, 17408)]:
+        t = tiled_geometry(fmt, n, k)
+        assert dq.plane_words(bits, t.tiles, t.groups) == (t.high_offset // 4, t.scale_offset // 4)
+        assert t.base_bytes == t.tiles * t.groups * dq.BLOCK_WORDS * 4
+        assert t.high_bytes == t.tiles * t.groups * dq.high_block_words(bits) * 4
 
 
 # --- variants, builds, manifests -----------------------------------------------------------------
@@ -251,6 +551,48 @@ def test_dequant_launcher_packs_and_grids(built, rec, arch, fmt):
     assert params.raw("n_total") == struct.pack("<i", n) and params.raw("n0") == struct.pack("<i", n0)
     k(w, _dev(n * kk * 2, 1 << 28), n, kk)  # defaults: every row, contiguous
     assert rec.calls[-1][2].raw("out") == struct.pack("<Qiiq", 1 << 28, n, kk, kk)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("fmt", list(pv.DEQUANT_TILED))
+def test_dequant_tiled_launcher_packs_and_grids(built, rec, arch, fmt):
+    from inferno.kernels.tiled import tiled_geometry
+
+    k = pv.Dequant(_fake_loaded(built, pv.DEQUANT_TILED[fmt], arch))
+    assert k.fmt == fmt and k.tiled
+    n, kk, n0, rows, stride = 1000, 200, 300, 500, 264
+    nbytes = tiled_geometry(fmt, n, kk).nbytes
+    assert nbytes > gw.geometry(fmt, (n, kk)).nbytes  # 1000 rows: the image pads to 63 tiles
+    w, out = _dev(nbytes, 1 << 20), _dev(rows * stride * 2, 1 << 28)
+    k(w, out, n, kk, n0=n0, rows=rows, out_stride=stride)
+    grid, block, params, smem = rec.calls[-1]
+    # x: the 2 * 256 items of a tile over 1024 per CTA; y: 32 tiles + 1 (n0 = 300 is inside one)
+    assert grid == (1, 33, 1) and block == (256, 1, 1) and smem == 0
+    assert params.raw("w") == struct.pack("<Qii", w.ptr, nbytes // 4, 0)
+    assert params.raw("out") == struct.pack("<Qiiq", out.ptr, rows, kk, stride)
+    assert params.raw("n_total") == struct.pack("<i", n) and params.raw("n0") == struct.pack("<i", n0)
+    k(w, _dev(n * 5120 * 2, 1 << 28), n, 200)
+    assert rec.calls[-1][0] == (1, 64, 1)
+    nbytes = tiled_geometry(fmt, 64, 5120).nbytes
+    k(_dev(nbytes, 1 << 20), _dev(64 * 5120 * 2, 1 << 28), 64, 5120)
+    assert rec.calls[-1][0] == (10, 5, 1)  # 40 pairs x 256 items / 1024; 4 tiles + 1
+
+
+def test_dequant_tiled_launcher_refuses_bad_arguments(built, rec):
+    from inferno.kernels.tiled import tiled_geometry
+
+    k = pv.Dequant(_fake_loaded(built, "dequant_q4_tiled"))
+    n, kk = 72, 256
+    w, out = _dev(tiled_geometry("Q4G64_F16S", n, kk).nbytes, 1 << 20), _dev(n * kk * 2, 1 << 28)
+    with pytest.raises(LaunchError, match="bytes, the call needs"):  # a row-split payload, not the image
+        k(_dev(gw.geometry("Q4G64_F16S", (n, kk)).nbytes, 1 << 20), out, n, kk)
+    with pytest.raises(LaunchError, match="too large for one call"):  # 65535 tiles + 1 > the grid's y limit
+        k(w, out, 16 * 65535, 8)
+    with pytest.raises(LaunchError, match="run past"):
+        k(w, out, n, kk, n0=70, rows=8)
+    assert not rec.calls
+    with pytest.raises(LaunchError, match="no tile16-v1 dequant kernel"):
+        pv.Dequant.for_format("NVFP4", tiled=True)
 
 
 def test_dequant_launcher_refuses_bad_arguments(built, rec):

@@ -4,6 +4,7 @@
     python tools/bench_gemv.py --build DIR [--tune] [--compare]   (build those extra variants)
     python tools/bench_gemv.py --mma [--mma-tune] [--out f.json]   (tiled tensor-core GEMV vs this one)
     python tools/bench_gemv.py --build DIR --mma [--mma-tune]      (build the variants --mma times)
+    python tools/bench_gemv.py --xs [--build DIR]   (x-in-shared-memory tensor-core members, T = 1)
 
 Each case replays a CUDA graph of back-to-back launches that cycle over enough copies of the
 weights (>= 512 MB in all) that no launch finds its weights in L2, as in decode. Time = median
@@ -112,6 +113,7 @@ def bench_case(kern: "GemvQ | mv.GemvMma", w: Weights, n: int, k: int, cols: int
     if r is not None:
         memset_d8(r, 0)
     launches = len(w.bufs) * max(1, -(-24 // len(w.bufs)))
+    kern(w.bufs[0], x, y, n, k, cols, r=r, stream=stream)  # eager first call (stream-K: its workspace)
     with Graph.capture(stream) as g:
         for i in range(launches):
             kern(w.bufs[i % len(w.bufs)], x, y, n, k, cols, r=r, stream=stream)
@@ -120,6 +122,8 @@ def bench_case(kern: "GemvQ | mv.GemvMma", w: Weights, n: int, k: int, cols: int
     ms = timed(lambda: ge.launch(stream), stream, 15)
     ge.close()
     g.close()
+    if isinstance(kern, mv.GemvMmaSK):
+        kern.free()
     for b in (x, y, r):
         if b is not None:
             b.free()
@@ -163,10 +167,15 @@ def main() -> None:
                     help="also the old-constant (_immc) and 8-row swiglu variants at T = 1")
     ap.add_argument("--mma", action="store_true", help="tensor-core GEMV vs the CUDA-core one (T = 1, 8)")
     ap.add_argument("--mma-tune", action="store_true", help="with --mma: tiles/warps/steps/stages alternatives")
+    ap.add_argument("--xs", action="store_true",
+                    help="T = 1 on the 27B shapes: CUDA-core, tensor-core family, x-in-shared-memory members")
     a = ap.parse_args()
     extra = (tune_cases() if a.tune else []) + (compare_cases() if a.compare else [])
     if a.mma:
         extra = mma_cases(a.mma_tune)
+    if a.xs:
+        a.mma = True
+        extra = xs_cases()
     if a.build:
         from inferno.kernels.build import build_all
 
@@ -209,6 +218,8 @@ def main() -> None:
         w = weights[key]
         try:
             cls = mv.GemvMma if name.startswith("gemv_mma_") else GemvQ
+            if v is not None and v.config.get("sk"):
+                cls = mv.GemvMmaSK
             kern = cls(load(v, dev)) if v is not None else cls.load(name, dev)
             us = bench_case(kern, w, n, k, cols, stream, rng)
         except Exception as e:  # a tuning variant that is not built: report, go on
@@ -253,8 +264,20 @@ def mma_cases(tune: bool) -> list:
     return out
 
 
+def xs_cases() -> list:
+    """Per Q4-Q6 format and 27B (shape, epilogue) at T = 1: the CUDA-core GEMV, the tensor-core family
+    and every x-in-shared-memory member (mv.xs_variants)."""
+    out = []
+    for fmt in ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S"):
+        combos = [c for c in MMA_COMBOS if c[0] not in ("gate_up", "down") or c[1] != "plain"]
+        for shape, epi in combos + ([("head", "plain")] if fmt == "Q6G64_F16S" else []):
+            out += [(make_variant(fmt, epi, 1), fmt, shape), (mv.variant_name(fmt, epi, 1), fmt, shape)]
+            out += [(v, fmt, shape) for v in mv.xs_variants(fmt, epi, 1) + mv.sk_variants(fmt, epi)]
+    return out
+
+
 def _family(name: str) -> str:
-    return re.sub(r"_k\d+(_w\d+_r\d+_p\d+(_xj)?)?$", "", name)
+    return re.sub(r"(_k\d+(_xs)?(_w\d+_r\d+_p\d+(_xj)?)?|_sk(_p\d+_c\d+_w\d+)?)$", "", name)
 
 
 def print_mma_table(rows: list, copy: float) -> None:

@@ -213,7 +213,12 @@ def bench(
     kernel_table: bool = typer.Option(False, "--kernel-table", help="per-kernel times of one decode step and one prefill chunk"),
     no_cuda_graph: bool = typer.Option(False, "--no-cuda-graph", help="GPU executor: eager decode launches"),
 ) -> None:
-    """Measure prefill and decode speed against the same run's copy-bandwidth and GEMM limits."""
+    """Measure prefill and decode speed against the same run's copy-bandwidth and GEMM limits.
+
+    GPU A/B switches (environment): INFERNO_TILED=head|all (groupwise-int matrices in tile16-v1 for
+    the tensor-core GEMV: the output head only, or every decode matrix), INFERNO_PDL=0,
+    INFERNO_BRANCHES=0.
+    """
     if device not in DEVICES:
         raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
     extra = parse_contexts(contexts)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.launch import launch
 from inferno.cuda.memory import DeviceBuffer
+from inferno.cuda.params import TensorArg
 from inferno.kernels.gemv_variants import EPILOGUES, FORMATS, gemv_args
 from inferno.kernels.registry import Tensor, Variant
 from inferno.kernels.tiled import LAYOUT, tiled_geometry
@@ -39,9 +40,20 @@ XPRE = True  # x one group pair ahead in registers (else loaded when its pair is
 STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("w8", False): 4,
           ("q4", True): 3, ("q5", True): 2, ("q6", True): 2, ("w8", True): 3}
 STAGES_XJ = 1  # stages x loaded when needed affords beyond STAGES (its x registers are not held ahead)
+# x staged in shared memory (`xs`: Q4-Q6, T <= 2, K <= KMAX): no x registers, so deeper weight stages
+STAGES_XS = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3,
+             ("q4", True): 3, ("q5", True): 2, ("q6", True): 2}
+XS_KW = (2, 4)  # registered x-in-shared-memory members (T = 1, Q4-Q6)
+# stream-K for mid-size problems (H200, 2026-11-30: the 27B gate_up / down, 43,520 blocks, 1.2-1.4x the
+# xs members); fewer blocks leave each warp too short a run, more (the output head) lose to xs at kw 2
+SK_BLOCKS = (32768, 131072)
+XS_KW2_UNITS = 512  # xs: 2 warps per K range from 512 units (the 27B value_z, 768; the head), else 4
+KMAX = 18432  # cute_kernels/gemv_mma.py KMAX: the longest K an xs kernel takes
 
 
-def stages_for(fmt: str, epilogue: str, xpre: bool = XPRE) -> int:
+def stages_for(fmt: str, epilogue: str, xpre: bool = XPRE, xs: bool = False) -> int:
+    if xs:
+        return STAGES_XS[(FORMATS[fmt][0], epilogue == "swiglu")]
     return STAGES[(FORMATS[fmt][0], epilogue == "swiglu")] + (0 if xpre else STAGES_XJ)
 
 
@@ -81,15 +93,18 @@ def outs_per_cta(warps: int, kw: int, tiles: int) -> int:
 
 
 def make_variant(fmt: str, epilogue: str, cols: int, kw: int = 8, warps: int = WARPS, tiles: int = TILES,
-                 stages: int | None = None, xpre: bool = XPRE) -> Variant:
+                 stages: int | None = None, xpre: bool = XPRE, xs: bool = False) -> Variant:
     """Member `<family>_k<kw>`; a non-default warps/tiles/stages/xpre adds `_w<warps>_r<tiles>_p<stages>`
-    (and `_xj`: x loaded when needed)."""
+    (and `_xj`: x loaded when needed); x in shared memory adds `_xs_w<warps>_r<tiles>_p<stages>`."""
     _, bits, group = FORMATS[fmt]
-    stages = stages or stages_for(fmt, epilogue, xpre)
+    stages = stages or stages_for(fmt, epilogue, xpre, xs)
     if warps % kw:
         raise LaunchError(f"kw = {kw} must divide warps = {warps}")
     name = f"{variant_name(fmt, epilogue, cols)}_k{kw}"
-    if (warps, tiles, stages, xpre) != (WARPS, TILES, stages_for(fmt, epilogue), XPRE):
+    if xs:
+        name += "_xs" + ("" if (warps, tiles, stages) == (WARPS, TILES, stages_for(fmt, epilogue, xs=True))
+                         else f"_w{warps}_r{tiles}_p{stages}")
+    elif (warps, tiles, stages, xpre) != (WARPS, TILES, stages_for(fmt, epilogue), XPRE):
         name += f"_w{warps}_r{tiles}_p{stages}" + ("" if xpre else "_xj")
     w = Tensor("w", "i32", ("WL",), (1,))
     x = Tensor("x", "bf16", ("T", "K"), ("x_stride", 1))
@@ -100,7 +115,7 @@ def make_variant(fmt: str, epilogue: str, cols: int, kw: int = 8, warps: int = W
     return Variant(
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma", cls="GemvMma",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, kw=kw, tiles=tiles,
-                    stages=stages, xpre=xpre),
+                    stages=stages, xpre=xpre, **({"xs": True, "kmax": KMAX} if xs else {})),
         archs=("sm_90a", "sm_120a"),
         args=(w, x, r, y), grid=(f"cdiv(M, {outs_per_cta(warps, kw, tiles)})", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
@@ -119,8 +134,76 @@ def alternatives(fmt: str, epilogue: str, cols: int) -> list[Variant]:
     return out
 
 
+SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", True): 3, ("q5", True): 2, ("q6", True): 2}
+SK_CTAS = 2  # CTAs per SM of the stream-K grid
+SK_MIN_BLOCKS = 4  # blocks per warp at least (small problems use fewer CTAs)
+COUNTER_ALIGN = 32  # cute_kernels/gemv_mma_sk.py: counters padded before the fp32 sums
+
+
+def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
+                    warps: int = WARPS) -> Variant:
+    """The stream-K member `<family>_sk` (Q4-Q6, T = 1); non-default stages/ctas/warps add `_p<s>_c<c>_w<w>`."""
+    _, bits, group = FORMATS[fmt]
+    if bits == 8 or cols != 1:
+        raise LaunchError("stream-K GEMV: Q4-Q6 at T = 1 only")
+    default = SK_STAGES[(FORMATS[fmt][0], epilogue == "swiglu")]
+    stages = stages or default
+    name = f"{variant_name(fmt, epilogue, cols)}_sk"
+    if (stages, ctas, warps) != (default, SK_CTAS, WARPS):
+        name += f"_p{stages}_c{ctas}_w{warps}"
+    w = Tensor("w", "i32", ("WL",), (1,))
+    x = Tensor("x", "bf16", ("T", "K"), ("x_stride", 1))
+    y = Tensor("y", "bf16", ("T", "M"), ("y_stride", 1))
+    r = Tensor("r", "bf16", ("T", "M"), ("r_stride", 1)) if epilogue == "residual" else None
+    ws = Tensor("ws", "i32", ("WS",), (1,))
+    return Variant(
+        name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
+        config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
+                    kmax=KMAX, sk=True),
+        archs=("sm_90a", "sm_120a"),
+        args=(w, x, r, y, ws), grid=(f"SMS * {ctas}", "1", "1"),
+        divisibility={"K": 8, "x_stride": 8},
+        pdl=True,
+        summary=f"stream-K {epilogue} GEMV, W {fmt} {LAYOUT}, x bf16 [1, K <= {KMAX}] in shared memory, "
+                "mma.sync bf16, fp32 accumulate, self-cleaning workspace",
+    )
+
+
+def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
+    """Stream-K members for the benchmark: default, one stage less / more, 1 CTA of 16 warps per SM."""
+    if FORMATS[fmt][1] == 8:
+        return []
+    d = SK_STAGES[(FORMATS[fmt][0], epilogue == "swiglu")]
+    return ([make_sk_variant(fmt, epilogue)] + [make_sk_variant(fmt, epilogue, stages=s) for s in (d - 1, d + 1) if s >= 2]
+            + [make_sk_variant(fmt, epilogue, ctas=1, warps=16)])
+
+
+def sk_workspace_bytes(m: int, n_w: int, cols: int) -> int:
+    """Bytes of the stream-K workspace: unit counters, then fp32 sums [cols, n_w]."""
+    units = -(-m // 16)
+    return 4 * (-(-units // COUNTER_ALIGN) * COUNTER_ALIGN + cols * n_w)
+
+
+def xs_variants(fmt: str, epilogue: str, cols: int) -> list[Variant]:
+    """The x-in-shared-memory kernels for the benchmark (Q4-Q6, T = 1): every K split at the default
+    stages, and one stage less and more at kw = 4."""
+    if FORMATS[fmt][1] == 8 or cols != 1:
+        return []
+    base = stages_for(fmt, epilogue, xs=True)
+    return ([make_variant(fmt, epilogue, cols, kw, xs=True) for kw in KW]
+            + [make_variant(fmt, epilogue, cols, 4, stages=s, xs=True) for s in (base - 1, base + 1) if s >= 2])
+
+
+def t1_fast_members(fmt: str, epilogue: str) -> list[Variant]:
+    """The T = 1 family's x-in-shared-memory and stream-K members (Q4-Q6; none for W8)."""
+    if FORMATS[fmt][1] == 8:
+        return []
+    return [make_variant(fmt, epilogue, 1, kw, xs=True) for kw in XS_KW] + [make_sk_variant(fmt, epilogue)]
+
+
 GEMV_MMA_VARIANTS: tuple[Variant, ...] = tuple(
-    make_variant(fmt, epi, cols, kw) for fmt in FORMATS for epi in EPILOGUES for cols in COLS for kw in KW)
+    [make_variant(fmt, epi, cols, kw) for fmt in FORMATS for epi in EPILOGUES for cols in COLS for kw in KW]
+    + [v for fmt in FORMATS for epi in EPILOGUES for v in t1_fast_members(fmt, epi)])
 _BY_NAME = {v.name: v for v in GEMV_MMA_VARIANTS}
 
 
@@ -139,18 +222,25 @@ def _tiled_bytes(fmt: str, n: int, k: int) -> int:
 
 class GemvMma:
     """Typed launcher over one or more members of a family: y[t] = epilogue(W x[t]) for t < cols,
-    W the `tile16-v1` image of [n, k] (n = 2I for swiglu). Each call runs the member `k_split` picks."""
+    W the `tile16-v1` image of [n, k] (n = 2I for swiglu). Each call runs the member `member` picks:
+    stream-K for SK_BLOCKS-size problems, else x in shared memory (`k_split` among its kw), else (K past
+    KMAX, or no such member) x in registers."""
 
     def __init__(self, *loaded: "LoadedKernel"):
         if not loaded:
             raise LaunchError("GemvMma needs at least one loaded kernel")
-        self.by_kw: dict[int, tuple[Any, int]] = {}
+        self.by_kw: dict[int, tuple[Any, int]] = {}  # x in registers
+        self.xs_by_kw: dict[int, tuple[Any, int]] = {}  # x in shared memory
+        self.sk: GemvMmaSK | None = None
         for lk in loaded:
             c = lk.manifest.config
+            if c.get("sk"):
+                self.sk = GemvMmaSK(lk)
+                continue
             outs = outs_per_cta(c["warps"], c["kw"], c["tiles"])
             if lk.manifest.grid != [f"cdiv(M, {outs})", "1", "1"]:
                 raise LaunchError(f"kernel {lk.variant.name}: manifest grid {lk.manifest.grid} is not this launcher's")
-            self.by_kw[c["kw"]] = (lk, outs)
+            (self.xs_by_kw if c.get("xs") else self.by_kw)[c["kw"]] = (lk, outs)
         c = loaded[0].manifest.config
         self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
         if any(lk.manifest.config[f] != c[f] for lk in loaded for f in ("bits", "group", "cols", "epilogue")):
@@ -164,21 +254,101 @@ class GemvMma:
         """A family name loads all its members; a member name only that one."""
         from inferno.kernels.cache import load
 
-        names = [name] if name in _BY_NAME else [f"{name}_k{kw}" for kw in KW]
-        return cls(*(load(gemv_mma_variant(nm), device) for nm in names))
+        return cls(*(load(gemv_mma_variant(nm), device) for nm in family_members(name)))
 
-    def member(self, m: int, k: int) -> tuple[Any, int]:
-        """(loaded kernel, outputs per CTA) for m outputs and K = k."""
+    def member(self, m: int, k: int) -> "tuple[Any, int] | GemvMmaSK":
+        """The stream-K launcher, or (loaded kernel, outputs per CTA), for m outputs and K = k."""
+        blocks = -(-m // 16) * (-(-k // 128))
+        if k <= KMAX and self.sk is not None and SK_BLOCKS[0] <= blocks <= SK_BLOCKS[1]:
+            return self.sk
+        if k <= KMAX and self.xs_by_kw:
+            return self.xs_by_kw[2 if -(-m // 16) >= XS_KW2_UNITS and 2 in self.xs_by_kw else max(self.xs_by_kw)]
+        if not self.by_kw:
+            raise LaunchError(f"{self.name}: no loaded member takes K = {k} (x in shared memory holds K <= {KMAX})")
         return self.by_kw[k_split(m, k, self.epilogue, tuple(self.by_kw))]
+
+    def free(self) -> None:
+        """Release the stream-K member's workspaces."""
+        if self.sk is not None:
+            self.sk.free()
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, stream: Any = None) -> None:
         """W is [n, k] in tile16-v1 (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16."""
         m, args = gemv_args(self.name, self.cols, self.epilogue, lambda n, k: _tiled_bytes(self.fmt, n, k),
                             w, x, y, n, k, cols, r)
-        lk, outs = self.member(m, k)
+        pick = self.member(m, k)
+        if isinstance(pick, GemvMmaSK):
+            pick(w, x, y, n, k, cols, r=r, stream=stream)
+            return
+        lk, outs = pick
         mf = lk.manifest
+        if mf.config.get("xs") and k > mf.config["kmax"]:
+            raise LaunchError(f"{lk.variant.name} takes K <= {mf.config['kmax']}, got {k}; use the family's "
+                              "register-x members")
         launch(lk.kernel, (-(-m // outs), 1, 1), mf.block, lk.layout.pack(args), mf.smem, stream)
+
+
+class GemvMmaSK:
+    """Typed launcher of one stream-K member (same call as GemvMma). It owns one zeroed workspace per
+    output buffer (the kernel leaves it zeroed), made on the first call for that buffer: make that
+    call outside CUDA graph capture (the executor's eager warm-up step does)."""
+
+    def __init__(self, loaded: "LoadedKernel"):
+        c = loaded.manifest.config
+        if not c.get("sk"):
+            raise LaunchError(f"kernel {loaded.variant.name} is not a stream-K GEMV")
+        self.loaded = loaded
+        self.name = loaded.variant.name
+        self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
+        self.fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (self.bits, self.group))
+        self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
+        self._ws: dict[tuple[int, int], DeviceBuffer] = {}
+
+    def workspace(self, y: DeviceBuffer, nbytes: int) -> DeviceBuffer:
+        from inferno.cuda.copy import memset_d8
+        from inferno.cuda.memory import device_alloc
+
+        key = (int(y.ptr), nbytes)
+        ws = self._ws.get(key)
+        if ws is None:
+            ws = self._ws[key] = device_alloc(nbytes, f"{self.name} workspace")
+            memset_d8(ws, 0)
+        return ws
+
+    def free(self) -> None:
+        for ws in self._ws.values():
+            ws.free()
+        self._ws.clear()
+
+    def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
+                 r: DeviceBuffer | None = None, stream: Any = None) -> None:
+        if k > self.kmax:
+            raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
+        m, args = gemv_args(self.name, self.cols, self.epilogue, lambda n, k: _tiled_bytes(self.fmt, n, k),
+                            w, x, y, n, k, cols, r)
+        nbytes = sk_workspace_bytes(m, n, self.cols)
+        args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
+        blocks = -(-m // 16) * (-(-k // 128))
+        grid = max(1, min(self.loaded.sm_count * self.ctas, -(-blocks // (self.warps * SK_MIN_BLOCKS))))
+        mf = self.loaded.manifest
+        launch(self.loaded.kernel, (grid, 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
+
+
+def family_members(name: str) -> list[str]:
+    """Member names of a family name (its register-x K splits, and for T = 1 Q4-Q6 the xs and stream-K
+    members), or [name] for a member name."""
+    if name in _BY_NAME:
+        return [name]
+    fast = [v.name for v in GEMV_MMA_VARIANTS if v.name.startswith(name + "_") and
+            (v.config.get("xs") or v.config.get("sk")) and _family_of(v) == name]
+    return [f"{name}_k{kw}" for kw in KW] + fast
+
+
+def _family_of(v: Variant) -> str:
+    c = v.config
+    fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (c["bits"], c["group"]))
+    return variant_name(fmt, c["epilogue"], c["cols"])
 
 
 def build(out_dir: str, archs: tuple[str, ...] = ("sm_90a",), names: tuple[str, ...] | None = None) -> None:
@@ -187,8 +357,7 @@ def build(out_dir: str, archs: tuple[str, ...] = ("sm_90a",), names: tuple[str, 
 
     from inferno.kernels.build import build_all
 
-    want = None if names is None else {nm for n in names for nm in ([n] if n in _BY_NAME else
-                                                                    [f"{n}_k{kw}" for kw in KW])}
+    want = None if names is None else {nm for n in names for nm in family_members(n)}
     build_all([v for v in GEMV_MMA_VARIANTS if want is None or v.name in want], list(archs), Path(out_dir))
 
 

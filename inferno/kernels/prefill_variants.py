@@ -3,6 +3,7 @@ over the paged KV cache. Registry variants (`PREFILL_VARIANTS`, the registry add
 table) and their typed launchers. See docs/kernels-prefill.md.
 
   dequant_<q4|q5|q6|w8>  w int32 [WL] (the whole `row-split-k128-v1` payload of W [N, K];
+  dequant_<..>_tiled     the whole `tile16-v1` image, inferno/kernels/tiled.py;
   dequant_nvfp4          `blockscale-k16-m128x4-v1` for NVFP4, N % 128 == 0, K % 64 == 0)
                          -> out bf16 [M, K] = rows [n0, n0 + M) of W (row stride out_stride)
   attn_prefill_g<2|6|8>  q, gate bf16 [T, Hq, 256] (strides q_stride/q_hstride, ...; q fp32 in
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 BF16, I32 = 2, 4
 DEQUANT_THREADS = 256
+DEQUANT_ITEMS = 4  # tile16-v1: items (8 codes of a row) per thread
 ATTN_BLOCK_M = 64  # query rows per CTA (4 warps x 16)
 ATTN_THREADS = 128
 FORMATS = {  # format -> (short name, bits, group)
@@ -42,6 +44,7 @@ FORMATS = {  # format -> (short name, bits, group)
     "W8G32_F16S": ("w8", 8, 32),
 }
 DEQUANT_FORMATS = {**{f: f"dequant_{short}" for f, (short, _, _) in FORMATS.items()}, "NVFP4": "dequant_nvfp4"}
+DEQUANT_TILED = {f: f"dequant_{short}_tiled" for f, (short, _, _) in FORMATS.items()}  # weights in tile16-v1
 GQA_GROUPS = (2, 6, 8)  # Hq / Hkv: tiny test models (4 : 2), 27B, 35B-A3B
 
 
@@ -56,6 +59,21 @@ def _dequant(fmt: str) -> Variant:
         grid=(f"cdiv(M * cdiv(K, 128) * 4, {DEQUANT_THREADS})", "1", "1"),
         divisibility={"K": 8, "out_stride": 8},
         summary=f"out = bf16(W[n0:n0+M]), W {fmt} row-split-k128-v1, one thread per 32 codes",
+    )
+
+
+def _dequant_tiled(fmt: str) -> Variant:
+    short, bits, group = FORMATS[fmt]
+    return Variant(
+        name=DEQUANT_TILED[fmt], op=f"dequant_{short}_tiled", source="cute_kernels.dequant", cls="DequantQTiled",
+        config=dict(bits=bits, group=group, threads=DEQUANT_THREADS, items=DEQUANT_ITEMS),
+        args=(Tensor("w", "i32", ("WL",), (1,)),
+              Tensor("out", "bf16", ("M", "K"), ("out_stride", 1)),
+              Scalar("n_total", "i32"), Scalar("n0", "i32")),
+        # x: the 2 K_pad items of a row tile; y: M / 16 + 1 tiles (a slice that starts inside a tile touches one more)
+        grid=(f"cdiv(cdiv(K, 128) * 256, {DEQUANT_ITEMS * DEQUANT_THREADS})", "cdiv(M, 16) + 1", "1"),
+        divisibility={"K": 8, "out_stride": 8},
+        summary=f"out = bf16(W[n0:n0+M]), W {fmt} tile16-v1, {DEQUANT_ITEMS} x 8 codes per thread",
     )
 
 
@@ -93,7 +111,8 @@ def _attn(group: int, q_f32: bool = False) -> Variant:
 
 
 PREFILL_VARIANTS: tuple[Variant, ...] = (
-    *(_dequant(f) for f in FORMATS), _dequant_nvfp4(), *(_attn(g, f) for f in (False, True) for g in GQA_GROUPS))
+    *(_dequant(f) for f in FORMATS), *(_dequant_tiled(f) for f in FORMATS), _dequant_nvfp4(),
+    *(_attn(g, f) for f in (False, True) for g in GQA_GROUPS))
 _BY_NAME = {v.name: v for v in PREFILL_VARIANTS}
 
 
@@ -140,20 +159,34 @@ class _PrefillLauncher:
 
 
 class Dequant(_PrefillLauncher):
-    """out[r, :] = bf16(W[n0 + r, :]) for r < rows, W [n, k] a quantized payload on the device."""
+    """out[r, :] = bf16(W[n0 + r, :]) for r < rows, W [n, k] a quantized matrix on the device: the
+    artifact payload, or (the `_tiled` variants) a groupwise-int matrix's tile16-v1 image."""
 
     @classmethod
-    def for_format(cls, fmt: str, device: "Device | None" = None) -> "Dequant":
-        if fmt not in DEQUANT_FORMATS:
-            raise LaunchError(f"no dequant kernel for weight format {fmt!r}; formats: {', '.join(DEQUANT_FORMATS)}")
-        return cls.load(DEQUANT_FORMATS[fmt], device)
+    def for_format(cls, fmt: str, device: "Device | None" = None, tiled: bool = False) -> "Dequant":
+        """The kernel for `fmt` weights; tiled: the groupwise-int matrix lies in tile16-v1."""
+        names = DEQUANT_TILED if tiled else DEQUANT_FORMATS
+        if fmt not in names:
+            raise LaunchError(f"no {'tile16-v1 ' if tiled else ''}dequant kernel for weight format {fmt!r}; "
+                              f"formats: {', '.join(names)}")
+        return cls.load(names[fmt], device)
+
+    @property
+    def tiled(self) -> bool:
+        """Whether this kernel reads the tile16-v1 image (else the artifact payload)."""
+        return self.name in DEQUANT_TILED.values()
 
     @property
     def fmt(self) -> str:
-        return next(f for f, name in DEQUANT_FORMATS.items() if name == self.name)
+        names = DEQUANT_TILED if self.tiled else DEQUANT_FORMATS
+        return next(f for f, name in names.items() if name == self.name)
 
     def payload_bytes(self, n: int, k: int) -> int:
-        """Bytes of the [n, k] payload in this kernel's format."""
+        """Bytes of the [n, k] weight as this kernel reads it (payload or tile16-v1 image)."""
+        if self.tiled:
+            from inferno.kernels.tiled import tiled_geometry
+
+            return tiled_geometry(self.fmt, n, k).nbytes
         if self.fmt == "NVFP4":
             from inferno.artifact.formats.nvfp4 import geometry as nvfp4_geometry
 
@@ -166,7 +199,8 @@ class Dequant(_PrefillLauncher):
 
     def __call__(self, w: DeviceBuffer, out: DeviceBuffer, n: int, k: int, *, n0: int = 0,
                  rows: int | None = None, out_stride: int | None = None, stream: Any = None) -> None:
-        """Dequantise rows [n0, n0 + rows) (default: all n) of W [n, k] into out [rows, k] bf16."""
+        """Dequantise rows [n0, n0 + rows) (default: all n) of W [n, k] into out [rows, k] bf16; w holds
+        `payload_bytes(n, k)` bytes (the tile16-v1 image for the `_tiled` kernels)."""
         n, k = _int(n, "n", self.name), _int(k, "k", self.name)
         n0 = _int(n0, "n0", self.name, lo=0)
         rows = n - n0 if rows is None else _int(rows, "rows", self.name)
@@ -177,7 +211,10 @@ class Dequant(_PrefillLauncher):
         if stride < k:
             raise LaunchError(f"kernel {self.name}: out_stride {stride} is less than k = {k}")
         self._divisible("out_stride", stride, "out_stride")
-        if rows * (-(-k // 128) * 4) >= 2**31:
+        too_big = rows * (-(-k // 128) * 4) >= 2**31
+        if self.tiled:  # grid y: one CTA row per 16-row tile, plus one
+            too_big = too_big or -(-rows // 16) + 1 > 65535
+        if too_big:
             raise LaunchError(f"kernel {self.name}: {rows} x {k} is too large for one call; dequantise in slices")
         nbytes = self.payload_bytes(n, k)
         ptrs = {"w": _buf(w, "w", self.name, nbytes),

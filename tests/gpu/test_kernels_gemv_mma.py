@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inferno.artifact.formats import groupwise as gw
-from inferno.cuda.copy import from_device, memset_d8, to_device
+from inferno.cuda.copy import from_device, h2d, memset_d8, to_device
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import gemv_mma_variants as mv
@@ -137,6 +137,83 @@ def test_alternatives(device, rng, fmt, cols):
                       ("swiglu", 96, 1024), ("residual", *RAGGED), ("residual", *DOWN)):
         for v in mv.alternatives(fmt, epi, cols):
             run_case(device, rng, fmt, epi, n, k, cols, mv.GemvMma(load(v, device)))
+
+
+FAST_CASES = (("plain", 300, 2048), ("plain", *RAGGED), ("plain", 17, 136), ("plain", 16, 8), ("plain", *VALUE_Z),
+              ("plain", 8, 17408), ("swiglu", *RAGGED), ("swiglu", 96, 1024), ("swiglu", 34, 136), ("swiglu", 2, 64),
+              ("swiglu", *GATE_UP), ("residual", *RAGGED), ("residual", *DOWN), ("residual", *GDN_OUT))
+
+
+def _fast_launcher(v, device):
+    return mv.GemvMmaSK(load(v, device)) if v.config.get("sk") else mv.GemvMma(load(v, device))
+
+
+def _run_fast(device, rng, fmt, variants):
+    for epi, n, k in FAST_CASES:
+        for v in variants:
+            if v.config["epilogue"] == epi:
+                kern = _fast_launcher(v, device)
+                run_case(device, rng, fmt, epi, n, k, 1, kern)
+                if isinstance(kern, mv.GemvMmaSK):
+                    kern.free()
+
+
+@pytest.mark.parametrize("fmt", FORMATS[:3])
+def test_fast_members(device, rng, fmt):
+    """The T = 1 family's x-in-shared-memory and stream-K members compute the same on ragged, small and
+    27B shapes (ragged swiglu: up rows shared by two units' tiles), and refuse K past their shared x."""
+    vs = [v for epi in EPILOGUE_NAMES for v in mv.t1_fast_members(fmt, epi)]
+    _run_fast(device, rng, fmt, vs)
+    for v in vs[:3]:
+        with pytest.raises(LaunchError, match=r"K <= \d+"):
+            run_case(device, rng, fmt, v.config["epilogue"], 64, mv.KMAX + 128, 1, _fast_launcher(v, device))
+
+
+@pytest.mark.parametrize("fmt", FORMATS[:3])
+def test_fast_alternatives(device, rng, fmt):
+    """The benchmark's other xs / stream-K shapes (K splits, stages, CTAs per SM) compute the same.
+    Build them with `python tools/bench_gemv.py --build DIR --xs`."""
+    import importlib.util
+
+    from inferno.kernels.cache import stale_reason
+
+    registered = {v.name for v in mv.GEMV_MMA_VARIANTS}
+    vs = [v for epi in EPILOGUE_NAMES for v in mv.xs_variants(fmt, epi, 1) + mv.sk_variants(fmt, epi)
+          if v.name not in registered]
+    missing = [v.name for v in vs if stale_reason(v, device.arch) is not None]
+    if missing and importlib.util.find_spec("cutlass") is None:
+        pytest.skip(f"{len(missing)} tuning variants not built here (e.g. {missing[0]}): "
+                    "python tools/bench_gemv.py --build $INFERNO_KERNEL_DIR --xs")
+    _run_fast(device, rng, fmt, vs)
+
+
+@pytest.mark.parametrize("epi", EPILOGUE_NAMES)
+def test_sk_workspace_cleans_itself(device, rng, epi):
+    """Repeated launches on the same output buffer (one workspace) stay right: each leaves it zeroed."""
+    fmt, (n, k) = "Q4G64_F16S", RAGGED
+    kern = mv.GemvMmaSK(load(mv.make_sk_variant(fmt, epi), device))
+    pay, dw = weights(fmt, n, k, rng)
+    m = n // 2 if epi == "swiglu" else n
+    dx, dy = device_alloc(2 * k, "x"), device_alloc(2 * m, "y")
+    dr = device_alloc(2 * m, "r") if epi == "residual" else None
+    try:
+        for _ in range(3):
+            x = rng.standard_normal((1, k), np.float32).astype(bf16)
+            r = rng.standard_normal((1, m), np.float32).astype(bf16)
+            h2d(dx, x)
+            if dr is not None:
+                h2d(dr, r)
+            memset_d8(dy, 0xFF)
+            kern(dw, dx, dy, n, k, 1, r=dr)
+            y = from_device(dy, bf16, (1, m)).astype(np.float32)
+            want = ql.reference(fmt, pay, n, k, x.astype(np.float32), epi,
+                                r.astype(np.float32) if dr is not None else None, np.arange(m))
+            assert rel_error(y, want.astype(np.float32)) <= BF16_TOL
+    finally:
+        kern.free()
+        for b in (dx, dy, dr):
+            if b is not None:
+                b.free()
 
 
 def test_launcher_refuses_bad_arguments(device):

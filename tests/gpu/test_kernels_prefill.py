@@ -1,13 +1,16 @@
 """GPU: the prefill kernels vs numpy. Fresh random inputs every run; outputs start poisoned (0xFF
 bytes = bf16 NaN) with a poisoned guard tail, and padding columns must stay poisoned.
 
-dequant: every groupwise format and NVFP4, a ragged K (200: the 128-padding is not stored),
-model shapes, row slices [n0, n0 + rows) into a padded scratch; the result must equal
-`formats.decode(...).astype(bfloat16)` bit for bit; dequant + the bf16 GEMM as the prefill
-matmul. attn_prefill: T = 1, 17, 128, 1024 new tokens after prefixes of 0, 64, 1000 cached
-tokens, 27B (24 q heads : 4 kv heads) and 35B-A3B (16 : 2) head configs, pages scattered in a
-NaN-poisoned pool; q|gate read in place from the interleaved projection for T = 17, a padded
-output row for T = 128, fp32 q (the _qf32 variants). Every case prints its errors (run with -s); the timing tests print
+dequant: every groupwise format, from the row-split payload and (the `_tiled` kernels) from its
+`tile16-v1` image (`tiled.tile(...)`), and NVFP4; ragged N (not a multiple of 16) and K (not of 128:
+the padding is not stored), model shapes, row slices [n0, n0 + rows) (also starting and ending
+inside a 16-row tile) into a padded scratch with a poisoned head guard too; the result must equal
+`formats.decode(...).astype(bfloat16)` bit for bit; dequant + the bf16 GEMM as the prefill matmul;
+bandwidth as TB/s and as a share of a device-to-device copy moving as many bytes.
+attn_prefill: T = 1, 17, 128, 1024 new tokens after prefixes of 0, 64, 1000 cached tokens, 27B
+(24 q heads : 4 kv heads) and 35B-A3B (16 : 2) head configs, pages scattered in a NaN-poisoned pool;
+q|gate read in place from the interleaved projection for T = 17, a padded output row for T = 128,
+fp32 q (the _qf32 variants). Every case prints its errors (run with -s); the timing tests print
 TB/s (dequant) and TFLOP/s (attention).
 
 Cubins come from the kernel cache ($INFERNO_KERNEL_DIR); on a machine without the DSL build them
@@ -26,6 +29,7 @@ from inferno.kernels import qlayout as ql
 from inferno.kernels.kv_layout import KVLayout, page_table
 from inferno.kernels.prefill_variants import HEAD_DIM, AttnPrefill, Dequant
 from inferno.kernels.reference import bf16, rel_error
+from inferno.kernels.tiled import tile
 from inferno.model.reference.attention import causal_attention
 from inferno.model.reference.norms import sigmoid
 
@@ -92,22 +96,29 @@ def _decode(fmt, pay, n, k, rows=None):
     return ql.dequant_rows(fmt, pay, n, k, rows).astype(np.float32)
 
 
-def _dequant_case(device, bufs, rng, fmt, n, k, n0=0, rows=None, stride=None):
+def _device_image(fmt, pay, n, k, tiled):
+    """What the kernel reads: the payload, or (tiled) the groupwise matrix's tile16-v1 image."""
+    return tile(fmt, pay, n, k) if tiled else pay
+
+
+def _dequant_case(device, bufs, rng, fmt, n, k, n0=0, rows=None, stride=None, tiled=False):
     rows = n - n0 if rows is None else rows
     stride = k if stride is None else stride
     pay = _payload(fmt, n, k, rng)
-    dw = bufs.up(pay, "w")
+    dw = bufs.up(_device_image(fmt, pay, n, k, tiled), "w")
     nbytes = ((rows - 1) * stride + k) * 2
-    dout = bufs.poisoned(nbytes, "out")
-    Dequant.for_format(fmt, device)(dw, dout, n, k, n0=n0, rows=rows, out_stride=stride)
-    raw = _read(dout, nbytes)
+    guarded = bufs.poisoned(GUARD + nbytes, "out")  # a poisoned head guard, the slice, the tail guard
+    dout = guarded.view(GUARD, nbytes + GUARD, "out")
+    Dequant.for_format(fmt, device, tiled=tiled)(dw, dout, n, k, n0=n0, rows=rows, out_stride=stride)
+    raw = _read(guarded, GUARD + nbytes)
+    assert np.all(raw[:GUARD] == 0xFF), "head guard written"
     full = np.full(rows * stride * 2, 0xFF, np.uint8)
-    full[:nbytes] = raw
+    full[:nbytes] = raw[GUARD:]
     got = full.view(bf16).reshape(rows, stride)
     want = _decode(fmt, pay, n, k)[n0:n0 + rows].astype(bf16)
     same = got[:, :k].view(np.uint16) == want.view(np.uint16)
     err = float(np.max(np.abs(got[:, :k].astype(np.float32) - want.astype(np.float32)))) if not same.all() else 0.0
-    print(f"dequant {fmt} [{n}, {k}] rows [{n0}, {n0 + rows}) stride {stride}: "
+    print(f"dequant {fmt}{' tiled' if tiled else ''} [{n}, {k}] rows [{n0}, {n0 + rows}) stride {stride}: "
           f"{int((~same).sum())} of {same.size} values differ, max abs err {err:.3g}")
     assert same.all()
     if stride > k:
@@ -126,6 +137,21 @@ def test_dequant_row_slice_into_padded_scratch(device, bufs, rng, fmt):
     _dequant_case(device, bufs, rng, fmt, 640, 1024, n0=512, rows=128, stride=1024 + 64)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("n,k", [(1002, 200), (256, 5120), (384, 17408), (130, 8), (40, 1000), (16, 128)])
+def test_dequant_tiled_whole(device, bufs, rng, fmt, n, k):
+    _dequant_case(device, bufs, rng, fmt, n, k, tiled=True)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequant_tiled_row_slice_into_padded_scratch(device, bufs, rng, fmt):
+    _dequant_case(device, bufs, rng, fmt, 1002, 200, n0=301, rows=500, stride=264, tiled=True)
+    _dequant_case(device, bufs, rng, fmt, 640, 1024, n0=512, rows=128, stride=1024 + 64, tiled=True)
+    _dequant_case(device, bufs, rng, fmt, 1002, 264, n0=7, rows=3, stride=272, tiled=True)  # inside one tile
+    _dequant_case(device, bufs, rng, fmt, 1002, 200, n0=993, rows=9, tiled=True)  # the last, partial tile
+    _dequant_case(device, bufs, rng, fmt, 1002, 5120, n0=17, rows=40, tiled=True)  # K of several CTAs
+
+
 @pytest.mark.parametrize("n,k", [(256, 512), (384, 17408), (128, 64)])
 def test_dequant_nvfp4_whole(device, bufs, rng, n, k):
     _dequant_case(device, bufs, rng, "NVFP4", n, k)
@@ -135,48 +161,64 @@ def test_dequant_nvfp4_row_slice(device, bufs, rng):
     _dequant_case(device, bufs, rng, "NVFP4", 512, 320, n0=101, rows=300, stride=320 + 64)
 
 
-@pytest.mark.parametrize("fmt", [*FORMATS, "NVFP4"])
-def test_dequant_bandwidth(device, bufs, rng, fmt):
-    """27B FFN gate_up [34816, 5120]: time it and check a sample of rows exactly."""
-    from inferno.cuda.stream import Event
+@pytest.mark.parametrize("fmt,tiled", [*((f, t) for f in FORMATS for t in (False, True)), ("NVFP4", False)])
+def test_dequant_bandwidth(device, bufs, rng, fmt, tiled):
+    """27B FFN gate_up [34816, 5120]: time it against a device-to-device copy of as many bytes (read +
+    written) and check a sample of rows exactly."""
+    from inferno.cuda.copy import d2d
+    from inferno.cuda.stream import Event, Stream
 
     n, k = 34816, 5120
     pay = _payload(fmt, n, k, rng)
-    dw = bufs.up(pay, "w")
+    image = _device_image(fmt, pay, n, k, tiled)
+    dw = bufs.up(image, "w")
     out_bytes = n * k * 2
     dout = bufs.poisoned(out_bytes, "out")
-    kern = Dequant.for_format(fmt, device)
-    kern(dw, dout, n, k)
-    start, end = Event.create(), Event.create()
-    reps = 10
-    start.record()
-    for _ in range(reps):
-        kern(dw, dout, n, k)
-    end.record()
-    end.synchronize()
-    ms = Event.elapsed_ms(start, end) / reps
-    moved = pay.nbytes + out_bytes
-    print(f"dequant {fmt} [{n}, {k}]: {ms * 1e3:.0f} us, {moved / 2**20:.0f} MiB moved, "
-          f"{moved / ms / 1e9:.2f} TB/s")
+    moved = image.nbytes + out_bytes
+    src, dst = bufs.poisoned(moved // 2, "copy src"), bufs.poisoned(moved // 2, "copy dst")
+    kern = Dequant.for_format(fmt, device, tiled=tiled)
+    stream = Stream.create()
+    try:
+        def timed(fn, reps=10):
+            fn()
+            start, end = Event.create(), Event.create()
+            start.record(stream)
+            for _ in range(reps):
+                fn()
+            end.record(stream)
+            end.synchronize()
+            ms = Event.elapsed_ms(start, end) / reps
+            start.close()
+            end.close()
+            return ms
+
+        ms = timed(lambda: kern(dw, dout, n, k, stream=stream))
+        copy_ms = timed(lambda: d2d(dst, src, moved // 2, stream=stream))
+    finally:
+        stream.synchronize()
+        stream.close()
+    print(f"dequant {fmt}{' tiled' if tiled else ''} [{n}, {k}]: {ms * 1e3:.0f} us, {moved / 2**20:.0f} MiB moved, "
+          f"{moved / ms / 1e9:.2f} TB/s = {100 * copy_ms / ms:.0f} % of a copy moving as many bytes "
+          f"({moved / copy_ms / 1e9:.2f} TB/s)")
     sample = np.unique(np.r_[0, n - 1, rng.choice(n, 64, replace=False)])
     got = from_device(dout, bf16, (n, k))[sample]
     want = _decode(fmt, pay, n, k, sample).astype(bf16)
     assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
-@pytest.mark.parametrize("fmt", ["Q4G64_F16S", "NVFP4"])
-def test_dequant_then_gemm(device, bufs, rng, fmt):
+@pytest.mark.parametrize("fmt,tiled", [("Q4G64_F16S", False), ("Q6G64_F16S", True), ("NVFP4", False)])
+def test_dequant_then_gemm(device, bufs, rng, fmt, tiled):
     """The prefill matmul path: y = x @ bf16(W)^T with the scratch as the GEMM's B operand [N, K],
     dequantised in two row slices (the wgmma GEMM on sm_90a, the SIMT one elsewhere)."""
     from inferno.kernels.launchers import Gemm
 
     t, n, k = 200, 1024, 2048
     pay = _payload(fmt, n, k, rng)
-    dw = bufs.up(pay, "w")
+    dw = bufs.up(_device_image(fmt, pay, n, k, tiled), "w")
     x = rng.standard_normal((t, k), np.float32).astype(bf16)
     dx = bufs.up(x, "x")
     scratch = bufs.poisoned(n * k * 2, "scratch")
-    deq = Dequant.for_format(fmt, device)
+    deq = Dequant.for_format(fmt, device, tiled=tiled)
     deq(dw, scratch, n, k, rows=640)
     deq(dw, scratch.view(640 * k * 2, (n - 640) * k * 2), n, k, n0=640)
     dy = bufs.poisoned(t * n * 2, "y")

@@ -34,7 +34,7 @@ class EmulatedOps:
         self.mem = np.zeros(capacity + ALIGN, np.uint8)
         self.capacity = capacity
         self.top = 0
-        self._dequant: dict[tuple[int, int, int, str], np.ndarray] = {}
+        self._dequant: dict[tuple[int, int, int, str, bool], np.ndarray] = {}
         self.launches = 0
 
     # ---- memory ----------------------------------------------------------------------------------
@@ -112,7 +112,7 @@ class EmulatedOps:
         self._put(y, rms_norm(self._get(x, bfloat16, n), self._get(w, bfloat16, n), eps))
 
     def _weights(self, fmt: str, w: DeviceBuffer, n: int, k: int, tiled: bool = False) -> np.ndarray:
-        key = (w.ptr, n, k, fmt)
+        key = (w.ptr, n, k, fmt, tiled)
         m = self._dequant.get(key)
         if m is None and fmt == "BF16":
             m = self._dequant[key] = self._get(w, bfloat16, n * k).reshape(n, k).astype(np.float32)
@@ -235,9 +235,9 @@ class EmulatedOps:
         self._put(h, hv)
         self._put(y, rms_norm(hv.astype(bfloat16).astype(np.float32), self._get(w, bfloat16, n), eps))
 
-    def dequant(self, fmt, w, out, n, k) -> None:
+    def dequant(self, fmt, w, out, n, k, tiled=False) -> None:
         self.launches += 1
-        self._put(out, self._weights(fmt, w, n, k))
+        self._put(out, self._weights(fmt, w, n, k, tiled))
 
     def gemm(self, a, b, c, m, n, k) -> None:
         self.launches += 1

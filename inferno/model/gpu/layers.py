@@ -92,11 +92,13 @@ class DecodeProgram:
         else:
             self._gdn(i, p)
             out = w[p + "gdn/output"]
-        ops.gemv(out.fmt, "residual", out.buf, ws["mix_out"], ws["x_mid"], c.hidden, out.shape[1], r=ws["x"])
+        ops.gemv(out.fmt, "residual", out.buf, ws["mix_out"], ws["x_mid"], c.hidden, out.shape[1], r=ws["x"],
+                 tiled=out.tiled)
         ops.rmsnorm(ws["x_mid"], w[p + "post_attention_norm"].buf, ws["normed"], c.hidden, c.rms_eps)
         gu, down = w[p + "mlp/gate_up"], w[p + "mlp/down"]
-        ops.gemv(gu.fmt, "swiglu", gu.buf, ws["normed"], ws["act"], gu.shape[0], c.hidden)
-        ops.gemv(down.fmt, "residual", down.buf, ws["act"], ws["x"], c.hidden, down.shape[1], r=ws["x_mid"])
+        ops.gemv(gu.fmt, "swiglu", gu.buf, ws["normed"], ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled)
+        ops.gemv(down.fmt, "residual", down.buf, ws["act"], ws["x"], c.hidden, down.shape[1], r=ws["x_mid"],
+                 tiled=down.tiled)
 
     def _gdn(self, i: int, p: str) -> None:
         c, ws, ops, w = self.c, self.ws, self.ops, self.w
@@ -105,8 +107,10 @@ class DecodeProgram:
         mix = ws["mix_in"]
         with ops.side():  # the small projections overlap the large value_z GEMV
             ops.linear_bf16(ws["normed"], ab.buf, ws["ab"], 2 * hv, c.hidden)
-            ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden)
-        ops.gemv(vz.fmt, "plain", vz.buf, ws["normed"], mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden)
+            ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden,
+                     tiled=qk.tiled)
+        ops.gemv(vz.fmt, "plain", vz.buf, ws["normed"], mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden,
+                 tiled=vz.tiled)
         ops.join()
         ops.gdn_conv_step(mix.view(0, c.conv_dim * BF16), self.states.conv[i], w[p + "gdn/convolution"].buf,
                           mix.view(c.conv_dim * BF16, vw * BF16), ws["ab"].view(0, hv * BF16),
@@ -121,8 +125,9 @@ class DecodeProgram:
         qk, gv = w[p + "attention/query_key"], w[p + "attention/gate_value"]
         mix, gate_value, qg = ws["mix_in"], ws["gate_value"], ws["qg"]
         with ops.side():
-            ops.gemv(gv.fmt, "plain", gv.buf, ws["normed"], gate_value, qw + kvw, c.hidden)
-        ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, (qw + kvw) * BF16), qw + kvw, c.hidden)
+            ops.gemv(gv.fmt, "plain", gv.buf, ws["normed"], gate_value, qw + kvw, c.hidden, tiled=gv.tiled)
+        ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, (qw + kvw) * BF16), qw + kvw, c.hidden,
+                 tiled=qk.tiled)
         ops.join()
         # per head [q_h | gate_h] rows of 2d values: the layout the attention kernels read
         ops.copy2d(qg, 2 * d * BF16, mix, d * BF16, d * BF16, c.n_heads)

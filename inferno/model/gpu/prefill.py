@@ -16,9 +16,11 @@ X the residual stream [T, hidden] (bf16):
     X = X_mid + P, N = rmsnorm(X, next layer's input_norm)              (add_rmsnorm)
 
 A quantized matrix is dequantised into one bf16 scratch (sized for the largest) right before its
-GEMM. After the mixer of the last layer only the last token is carried on: its FFN and the final
-norm run on one row, writing the decode workspace's `normed`, so the decode head (GEMV, argmax)
-turns it into logits. Launches are eager (no CUDA graph): a chunk's shapes vary.
+GEMM, by the dequant kernel of its device storage (the artifact payload, or the tile16-v1 image of a
+groupwise-int matrix the tiling policy tiles: `DeviceTensor.tiled`). After the mixer of the last
+layer only the last token is carried on: its FFN and the final norm run on one row, writing the
+decode workspace's `normed`, so the decode head (GEMV, argmax) turns it into logits. Launches are
+eager (no CUDA graph): a chunk's shapes vary.
 
 The attention prep kernel appends K/V at row `lens[b] - 1` of page `page_table[b, (lens[b]-1) // 64]`
 for each batch lane b; prefill gives each token its own lane with a one-entry page table (the page
@@ -36,7 +38,7 @@ from inferno.cuda.memory import DeviceBuffer
 from inferno.errors import NotBuiltError
 from inferno.model.config import ModelConfig
 from inferno.model.gpu.ops import AttnGeometry, CudaOps, Ops
-from inferno.model.gpu.residency import BF16, I32, PAGE_TOKENS, PREFILL_DEQUANT, ResidencyPlan
+from inferno.model.gpu.residency import BF16, I32, PAGE_TOKENS, PREFILL_DEQUANT, TILED, ResidencyPlan
 from inferno.model.gpu.state import DeviceStates, GpuState
 from inferno.model.gpu.weights import DeviceTensor
 
@@ -50,7 +52,8 @@ class PrefillOps(Protocol):
                      eps: float) -> None: ...
     def add_rmsnorm_rows(self, x: DeviceBuffer, r: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, h: DeviceBuffer,
                          rows: int, n: int, eps: float) -> None: ...  # h = x + r; y = rmsnorm(h)
-    def dequant(self, fmt: str, w: DeviceBuffer, out: DeviceBuffer, n: int, k: int) -> None: ...
+    def dequant(self, fmt: str, w: DeviceBuffer, out: DeviceBuffer, n: int, k: int,
+                tiled: bool = False) -> None: ...  # tiled: w is a groupwise-int matrix's tile16-v1 image
     def gemm(self, a: DeviceBuffer, b: DeviceBuffer, c: DeviceBuffer, m: int, n: int, k: int) -> None: ...
     def silu_mul(self, gu: DeviceBuffer, out: DeviceBuffer, rows: int, inter: int) -> None: ...
     def gdn_conv_rows(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, out: DeviceBuffer,
@@ -66,19 +69,22 @@ class PrefillOps(Protocol):
                      out: DeviceBuffer, tokens: int, prefix: int, g: AttnGeometry) -> None: ...
 
 
-def prefill_formats(plan: ResidencyPlan) -> set[str]:
-    """Weight formats prefill dequantises (one dequant kernel each)."""
-    return {p.fmt for p in plan.placements if p.fmt != "BF16" and p.name.endswith(PREFILL_DEQUANT)}
+def prefill_formats(plan: ResidencyPlan) -> set[tuple[str, bool]]:
+    """(format, tiled) of the weights prefill dequantises (one dequant kernel each)."""
+    return {(p.fmt, p.stored == TILED) for p in plan.placements
+            if p.fmt != "BF16" and p.name.endswith(PREFILL_DEQUANT)}
 
 
 class CudaPrefillOps:
     """`PrefillOps` on the GPU of `ops` (its stream): E's row kernels, dequant + GEMM, GDN and attention
     prefill kernels, all loaded here so a missing one fails at start-up."""
 
-    def __init__(self, ops: CudaOps, config: ModelConfig, formats: set[str]):
+    def __init__(self, ops: CudaOps, config: ModelConfig, formats: set[tuple[str, bool]]):
         from inferno.kernels import launchers as L
         from inferno.kernels.cache import load
-        from inferno.kernels.prefill_variants import DEQUANT_FORMATS, AttnPrefill, Dequant, prefill_variant
+        from inferno.kernels.prefill_variants import (
+            DEQUANT_FORMATS, DEQUANT_TILED, AttnPrefill, Dequant, prefill_variant,
+        )
         from inferno.kernels.registry import get, variants
 
         self.ops, dev = ops, ops.device
@@ -98,11 +104,13 @@ class CudaPrefillOps:
         self._gemm_simt = L.Gemm(load(get("gemm_simt"), dev))
         wgmma = get("gemm_wgmma")
         self._gemm_tc = L.Gemm(load(wgmma, dev)) if dev.arch in wgmma.archs else None
-        self._dequant = {}
-        for fmt in sorted(formats):
-            if fmt not in DEQUANT_FORMATS:
-                raise _missing(f"dequant for {fmt}", "inferno/kernels/prefill_variants.py", "does not exist")
-            self._dequant[fmt] = Dequant(load(prefill_variant(DEQUANT_FORMATS[fmt]), dev))
+        self._dequant: dict[tuple[str, bool], Dequant] = {}
+        for fmt, tiled in sorted(formats):
+            names = DEQUANT_TILED if tiled else DEQUANT_FORMATS
+            if fmt not in names:
+                raise _missing(f"dequant for {fmt}{' in tile16-v1' if tiled else ''}",
+                               "inferno/kernels/prefill_variants.py", "does not exist")
+            self._dequant[fmt, tiled] = Dequant(load(prefill_variant(names[fmt]), dev))
         if config.gdn_layers:
             from inferno.kernels.gdn_prefill_variants import GDN_PREFILL_VARIANTS, GdnChunk, GdnConvPrefill
 
@@ -133,8 +141,8 @@ class CudaPrefillOps:
     def add_rmsnorm_rows(self, x, r, w, y, h, rows, n, eps) -> None:
         self._add_rmsnorm(x, r, w, y, h, rows, n, eps, stream=self.stream)
 
-    def dequant(self, fmt, w, out, n, k) -> None:
-        self._dequant[fmt](w, out, n, k, stream=self.stream)
+    def dequant(self, fmt, w, out, n, k, tiled=False) -> None:
+        self._dequant[fmt, tiled](w, out, n, k, stream=self.stream)
 
     def gemm(self, a, b, c, m, n, k) -> None:
         tc = self._gemm_tc is not None and n % 8 == 0 and k % 8 == 0
@@ -258,7 +266,7 @@ class PrefillProgram:
         if wt.fmt == "BF16":
             self.ops.copy2d(out, k * BF16, wt.buf, k * BF16, k * BF16, n)
         else:
-            self.pops.dequant(wt.fmt, wt.buf, out, n, k)
+            self.pops.dequant(wt.fmt, wt.buf, out, n, k, tiled=wt.tiled)
         return out
 
     def _linear(self, wt: DeviceTensor, x: DeviceBuffer, y: DeviceBuffer, rows: int) -> None:

@@ -342,9 +342,14 @@ class RecordingOps:
     def _w_add_rmsnorm_rows(self, x, r, w, y, h, rows, n, eps):
         return f"add_rmsnorm_rows {role(w)}", Work((4 * rows + 1) * n * BF16, fixed=n * BF16)
 
-    def _w_dequant(self, fmt, w, out, n, k):
-        weights = payload_nbytes(fmt, n, k)
-        return f"dequant {fmt} {role(w)}", Work(weights + n * k * BF16, fixed=weights)
+    def _w_dequant(self, fmt, w, out, n, k, tiled=False):
+        if tiled:
+            from inferno.kernels.tiled import tiled_geometry
+
+            weights = tiled_geometry(fmt, n, k).nbytes
+        else:
+            weights = payload_nbytes(fmt, n, k)
+        return f"dequant {fmt}{' tile16-v1' if tiled else ''} {role(w)}", Work(weights + n * k * BF16, fixed=weights)
 
     def _w_gemm(self, a, b, c, m, n, k):
         return f"gemm {role(b)}", Work((m * k + n * k + m * n) * BF16, 2 * m * n * k)

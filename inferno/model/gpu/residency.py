@@ -9,12 +9,13 @@ and which flag helps.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from inferno.artifact.identities import ExpectedTensor
 from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import fmt_bytes
-from inferno.errors import NotBuiltError
+from inferno.errors import NotBuiltError, UsageError
 from inferno.kernels.sample_variants import scratch_bytes
 from inferno.model.config import ModelConfig
 
@@ -32,10 +33,17 @@ DEQUANT_BF16 = "bf16"  # dequantized to bf16 at load (the embedding table: the g
 CONCAT = "concat"  # BF16 sources concatenated by rows (GDN a | b projections: one GEMM)
 ROWS = "rows"  # a row range of one fused source, re-packed as its own matrix (fusion plan "nvfp4")
 TILED = "tile16"  # a groupwise-int payload moved into tile16-v1 at load (inferno/kernels/tiled.py)
-# Groupwise-int matrices kept in tile16-v1 for the tensor-core GEMV: those it reads faster than the
-# CUDA-core GEMV reads the row-split payload (H200, 2026-11-29: the Q6 output head 319.7 us vs 418.7;
-# the per-layer Q4/Q5 shapes were 0.7-1.05x) and that prefill never dequantizes.
-TILED_WEIGHTS = frozenset({"text/output_head"})
+# Tiling policy: which groupwise-int GEMV matrices are kept in tile16-v1 for the tensor-core GEMV
+# (and dequantized from it by prefill's `dequant_<fmt>_tiled`); the rest stay row-split for the
+# CUDA-core GEMV. "head": only the output head (H200, 2026-11-29: the Q6 head 319.7 us vs 418.7; the
+# per-layer Q4/Q5 shapes were 0.7-1.05x); "all": every matrix a decode GEMV reads.
+TILING_MODES = ("head", "all")
+TILING = "all"  # the default (H200, 2026-11-30: 27B decode 157.1 vs 121.3 tok/s); INFERNO_TILED overrides it
+TILING_ENV = "INFERNO_TILED"
+TILED_HEAD = frozenset({"text/output_head"})  # the matrices mode "head" tiles
+# formats "all" leaves row-split: W8's CUDA-core GEMV streams 512-byte row runs at 70-80 % of copy at
+# T = 1, ahead of its tensor-core GEMV (0.79-0.94x, docs/kernels-gemv-mma.md)
+ROW_SPLIT_FORMATS = frozenset({"W8G32_F16S"})
 FUSIONS = ("split", "nvfp4")  # fusion plans the GPU executor runs
 # GEMV formats besides the groupwise-int ones (gemv_nvfp4_variants, gemv_bf16_variants)
 GEMV_FORMATS_EXTRA = ("NVFP4", "BF16")
@@ -57,6 +65,25 @@ def gemv_epilogue(name: str) -> str | None:
 def gemv_kinds(placements) -> set[tuple[str, str, bool]]:
     """(format, epilogue, tiled) of every GEMV the decode path launches for these placements."""
     return {(p.fmt, gemv_epilogue(p.name), p.stored == TILED) for p in placements if gemv_epilogue(p.name) is not None}
+
+
+def tiling_mode(mode: str | None = None) -> str:
+    """The tiling policy in force: `mode` when given, else $INFERNO_TILED, else TILING."""
+    value = mode if mode is not None else (os.environ.get(TILING_ENV, "").strip() or TILING)
+    if value not in TILING_MODES:
+        raise UsageError(f"unknown tiling policy {value!r}; set {TILING_ENV} to "
+                         f"{' or '.join(repr(m) for m in TILING_MODES)}")
+    return value
+
+
+def tiled_storage(name: str, fmt: str, mode: str) -> bool:
+    """Whether policy `mode` keeps matrix `name` of format `fmt` in tile16-v1: a groupwise-int matrix
+    a decode GEMV reads: every Q4-Q6 one and the head ("all"), or the output head only ("head")."""
+    from inferno.kernels.gemv_variants import FORMATS
+
+    if fmt not in FORMATS or gemv_epilogue(name) is None:
+        return False
+    return name in TILED_HEAD or (mode == "all" and fmt not in ROW_SPLIT_FORMATS)
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
@@ -229,6 +256,7 @@ class ResidencyPlan:
     attn_splits: int  # split-K partitions of decode attention
     prefill_chunk: int = 0  # tokens per prefill chunk (0: no prefill buffers)
     prefill: dict[str, int] = field(default_factory=dict)  # prefill activation buffers (prefill_buffers)
+    tiling: str = TILING  # the tiling policy the placements follow (tiling_mode)
 
     @property
     def weight_bytes(self) -> int:
@@ -252,7 +280,7 @@ class ResidencyPlan:
         return self.weight_bytes + self.state_bytes + self.workspace_bytes + self.prefill_bytes
 
     def summary(self) -> str:
-        return (f"weights {fmt_bytes(self.weight_bytes)}, KV cache {fmt_bytes(self.kv.bytes)} "
+        return (f"weights {fmt_bytes(self.weight_bytes)} (tile16-v1: {self.tiling}), KV cache {fmt_bytes(self.kv.bytes)} "
                 f"({self.kv.max_seqs} sequences x {self.kv.max_context} tokens), GDN state "
                 f"{fmt_bytes(self.gdn.bytes)} ({self.gdn.slots} slots), workspace {fmt_bytes(self.workspace_bytes)}, "
                 f"prefill buffers {fmt_bytes(self.prefill_bytes)} ({self.prefill_chunk}-token chunks)")
@@ -349,15 +377,18 @@ def check_supported(config: ModelConfig) -> None:
 
 
 def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max_seqs: int,
-                   max_context: int, fusion: str = "split", prefill_chunk: int = 1024) -> ResidencyPlan:
+                   max_context: int, fusion: str = "split", prefill_chunk: int = 1024,
+                   tiling: str | None = None) -> ResidencyPlan:
     """The plan for `config` whose artifact tensors are `expected` (name -> inventory entry) in the
-    identity's fusion plan `fusion`, with buffers for prefill chunks of `prefill_chunk` tokens."""
+    identity's fusion plan `fusion`, with buffers for prefill chunks of `prefill_chunk` tokens and
+    groupwise-int GEMV matrices stored by the tiling policy `tiling` (None: `tiling_mode()`)."""
     from inferno.artifact import formats
-    from inferno.errors import ArtifactError, UsageError
+    from inferno.errors import ArtifactError
     from inferno.kernels.gemv_variants import FORMATS
     from inferno.kernels.tiled import tiled_geometry
 
     check_supported(config)
+    tiling = tiling_mode(tiling)
     if fusion not in FUSIONS:
         raise NotBuiltError(f"the GPU executor runs dense artifacts of fusion plans {', '.join(FUSIONS)} only "
                             f"for now; this artifact uses plan {fusion!r}; use --device cpu")
@@ -394,7 +425,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
                 raise NotBuiltError(f"the GPU executor has no GEMV kernel for {fmt} weights ({name}) yet; "
                                     "use --device cpu")
             nbytes = formats.packed_nbytes(fmt, e.layout, tuple(shape))
-            if stored == PAYLOAD and name in TILED_WEIGHTS and fmt in FORMATS:  # groupwise-int
+            if stored == PAYLOAD and tiled_storage(name, fmt, tiling):
                 stored, nbytes = TILED, tiled_geometry(fmt, *shape).nbytes
         placements.append(Placement(name, sources, fmt, tuple(int(d) for d in shape), stored, int(nbytes),
                                     rows=rows))
@@ -404,4 +435,5 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
     splits = attn_splits(max_context, config.n_kv_heads) if config.attention_layers else 1
     placements_t = tuple(placements)
     return ResidencyPlan(config, placements_t, kv, gdn, workspace_buffers(config, kv.pages_per_seq, splits, max_seqs),
-                         splits, prefill_chunk, prefill_buffers(config, prefill_chunk, placements_t, kv.pages_per_seq))
+                         splits, prefill_chunk, prefill_buffers(config, prefill_chunk, placements_t, kv.pages_per_seq),
+                         tiling)

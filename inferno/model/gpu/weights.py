@@ -1,8 +1,9 @@
 """Upload the artifact tensors the decode path reads into the device arena, as the residency plan says.
 
 Quantized matrices go up as their payloads byte for byte (the CUDA-core GEMV reads `row-split-k128-v1`
-directly), except `residency.TILED_WEIGHTS`, moved into `tile16-v1` (inferno/kernels/tiled.py: each
-warp of the tensor-core GEMV reads 512-byte runs) by a few host threads ahead of the uploads; BF16 / FP32
+directly), except the groupwise-int matrices the plan's tiling policy stores TILED (`residency.tiling_mode`:
+the output head, or every GEMV matrix), moved into `tile16-v1` (inferno/kernels/tiled.py: each warp of
+the tensor-core GEMV reads 512-byte runs) by a few host threads ahead of the uploads; BF16 / FP32
 vectors as they are; the embedding table dequantized to bf16 (the gather kernel reads bf16
 rows); the GDN a and b projections concatenated into one [2 Hv, H] bf16 matrix (one GEMM);
 a row range of a fused NVFP4 (or BF16) input projection re-packed as a matrix of its own.

@@ -1,0 +1,253 @@
+"""Stream-K decode GEMV on groupwise-int weights in `tile16-v1` (tensor cores, x in shared memory).
+
+Same math, formats, arguments and epilogues as `cute_kernels/gemv_mma.py` (`GemvMma` with `xs`:
+x staged once per CTA as ready B words, each group's C starting at -bias * sum(x)), plus a workspace
+`ws` (int32 words). What differs is the work split: a persistent grid (about `ctas` CTAs per SM)
+and every warp takes an equal contiguous run of the `units x pairs` blocks (unit = 16 outputs, its
+gate and up tiles for swiglu; pair = two groups along K), in unit-major order. So no SM waits on a
+partial last wave, however the block count divides, and x is staged once per CTA, not per unit.
+
+A run crosses unit boundaries. At the end of each unit segment the warp adds its fp32 row sums
+into `ws` (`red.global.add.f32`, rows this unit owns) and adds the segment's pair count to the
+unit's counter (`atom.add.acq_rel.gpu` by lane 0 after the warp's reds); the warp that brings the
+counter to `pairs` reads the sums back while zeroing them (`atom.exch`), applies the epilogue,
+stores y and zeroes the counter, so `ws` is all zero again after every launch.
+
+ws layout (int32 words): counters [align_up(units, 32)], then fp32 sums [cols, Nw] (Nw = rows of
+W: M, swiglu 2 I). The launcher owns and zeroes it once.
+
+Rows a unit owns (each weight row is added by exactly one unit): plain / residual the rows of its
+tile below M; swiglu the gate rows 16 u .. 16 u + 15 below I and the up rows I + 16 u .. of its
+up tiles below 2 I (a second up tile only when it differs from the first).
+"""
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _ldw, _s32, plane_offsets, unit_tiles
+from cute_kernels.gemv_mma import base_offset, high_offset, scale_offset
+
+COUNTER_ALIGN = 32  # counters padded to 128 bytes before the fp32 sums
+
+
+def _asm_se(ret, args, text, cons, loc, ip):
+    return llvm.inline_asm(ret, args, text, cons, has_side_effects=True, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _red_add(addr, v, *, loc=None, ip=None):
+    """*addr += v (fp32, global, relaxed)."""
+    _asm_se(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), cutlass.Float32(v).ir_value(loc=loc, ip=ip)],
+            "red.global.add.f32 [$0], $1;", "l,f", loc, ip)
+
+
+@dsl_user_op
+def _count(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
+    """old = *addr; *addr += v (u32, global, acquire-release at GPU scope)."""
+    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip),
+                                          cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
+                                 "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
+
+
+@dsl_user_op
+def _take(addr, *, loc=None, ip=None) -> cutlass.Float32:
+    """The fp32 at addr, leaving 0 there (atomic exchange)."""
+    return cutlass.Float32(_asm_se(T.f32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+                                   "atom.global.exch.b32 $0, [$1], 0;", "=f,l", loc, ip))
+
+
+@dsl_user_op
+def _zero(addr, *, loc=None, ip=None):
+    """*addr = 0 (u32, global, relaxed at GPU scope)."""
+    _asm_se(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)], "st.relaxed.gpu.global.u32 [$0], 0;", "l",
+            loc, ip)
+
+
+def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
+    """1 when weight row `row` (of `tile`, in tile slot `slot` of unit u, whose slots hold `tiles`) is one
+    unit u adds into ws, else 0 (Python ints or DSL Int32, `as_int` turning a comparison into 0 / 1)."""
+    if epilogue != "swiglu" or slot == 0:
+        return as_int(row < m)
+    ok = as_int(row >= m + 16 * u) * as_int(row < m + 16 * u + 16) * as_int(row < n_w)
+    if slot == 2:
+        ok = ok * as_int(tile != tiles[1])
+    return ok
+
+
+class GemvMmaSK(GemvMma):
+    """`warps` warps per CTA, `ctas` CTAs per SM (the launcher sizes the grid), `stages` register
+    stages of blocks per warp, x for K <= kmax in shared memory."""
+
+    def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
+                 ctas: int = 2, kmax: int = 0, sk: bool = True):
+        super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
+                         xs=True, kmax=kmax)
+
+    @cute.jit
+    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
+                 stream: cuda.CUstream):
+        self.kernel(mW, mX, mR, mY, mWs).launch(grid=(264, 1, 1), block=(self.threads, 1, 1), stream=stream,
+                                                min_blocks_per_mp=self.ctas, preferred_smem_carveout=-1)
+
+    @cute.kernel
+    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        nctas, _, _ = cute.arch.grid_dim()
+        lane = tidx % 32
+        warp = tidx // 32
+        m = cute.size(mY, mode=[1])
+        k = cute.size(mX, mode=[1])
+        n_w = m
+        if cutlass.const_expr(self.epilogue == "swiglu"):
+            n_w = 2 * m
+        n_tiles = (n_w + 15) // 16
+        n_units = (m + 15) // 16
+        ngr = (k + 127) // 128 * 128 // self.group
+        npairs = ngr // 2
+        high, scale = plane_offsets(self.bits, n_tiles, ngr)
+        nblk = n_units * npairs
+        nwarps = nctas * self.warps
+        wg = bidx * self.warps + warp
+        b0 = cutlass.Int32(cutlass.Int64(wg) * nblk // nwarps)
+        b1 = cutlass.Int32(cutlass.Int64(wg + 1) * nblk // nwarps)
+
+        smem = cutlass.memory.SmemAllocator()
+        xsm = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.cols * self.ngmax * 32,)), byte_alignment=16)
+        nbs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.cols * self.ngmax,)), byte_alignment=16)
+        cnt = mWs.iterator.toint()
+        part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
+        geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part)
+        xsd = (mX, xsm, nbs)
+        if cutlass.const_expr(self.epilogue == "swiglu"):
+            if m % 16 == 0:
+                self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
+            else:
+                self._run(geo, (0, 1, 2), xsd, mR, mY, b0, b1)
+        else:
+            self._run(geo, (0,), xsd, mR, mY, b0, b1)
+
+    def _tiles(self, u, m, n_tiles):
+        return unit_tiles(self.epilogue, u, m, n_tiles)
+
+    @cute.jit
+    def _run(self, geo, sl, xsd, mR, mY, b0, b1):
+        """Stream blocks b0 .. b1 - 1 (unit b // pairs, pair b % pairs) through `stages` register stages;
+        flush at every unit end and at b1."""
+        w_ptr, ngr, npairs, high, scale, lane, k, m, n_tiles = geo[:9]
+        S, nb = self.stages, len(sl)
+        n = b1 - b0
+        wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)
+        hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
+        sb = cute.make_rmem_tensor((2, nb, S), cutlass.Int32)
+        wb.fill(0)
+        hbuf.fill(0)
+        sb.fill(0)
+        bufs = (wb, hbuf, sb, sb)
+        # load cursor (unit lu, pair lp) of block b0 + (loads issued)
+        lu = b0 // npairs
+        lp = b0 - lu * npairs
+        for st in cutlass.range_constexpr(S - 1):
+            if st < n:
+                self._load(geo, bufs, sl, lu, lp, st)
+            lp = lp + 1
+            if lp == npairs:
+                lp = cutlass.Int32(0)
+                lu = lu + 1
+        cute.arch.griddepcontrol_wait()
+        self._stage_x(xsd, k, ngr)
+        cute.arch.sync_threads()
+        xsr = self._xs_lane(xsd, lane)
+        cute.arch.griddepcontrol_launch_dependents()
+
+        ops = DslOps()
+        kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
+        acc = cute.make_rmem_tensor((4, self.slots), cutlass.Float32)
+        acc.fill(0.0)
+        u = b0 // npairs  # compute cursor
+        p = b0 - u * npairs
+        seg = cutlass.Int32(0)
+        for rd in cutlass.range((n + S - 1) // S, unroll=1):
+            for s in cutlass.range_constexpr(S):
+                i = rd * S + s
+                if i + S - 1 < n:
+                    self._load(geo, bufs, sl, lu, lp, (s + S - 1) % S)
+                lp = lp + 1
+                if lp == npairs:
+                    lp = cutlass.Int32(0)
+                    lu = lu + 1
+                if i < n:
+                    self._compute(ops, kb, bufs, acc, sl, s, p, xsr)
+                    seg = seg + 1
+                    p = p + 1
+                    if p == npairs or i == n - 1:
+                        self._flush(geo, sl, acc, u, seg, mR, mY)
+                        acc.fill(0.0)
+                        seg = cutlass.Int32(0)
+                        if p == npairs:
+                            p = cutlass.Int32(0)
+                            u = u + 1
+
+    @cute.jit
+    def _load(self, geo, bufs, sl, u, p, st):
+        """Issue the weight loads of pair p of unit u's tile slots sl into stage st."""
+        w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
+        wb, hbuf, sb, _ = bufs
+        tiles = self._tiles(u, m, n_tiles)
+        for b in cutlass.range_constexpr(len(sl)):
+            tile = tiles[sl[b]]
+            for q in cutlass.range_constexpr(2):
+                v = _ldw((w_ptr + base_offset(tile, 2 * p + q, ngr, lane) // 4).toint(), 4)
+                for e in cutlass.range_constexpr(4):
+                    wb[e, q, b, st] = v[e]
+                if cutlass.const_expr(self.hw > 0):
+                    h = _ldw((w_ptr + high_offset(self.bits, high, tile, 2 * p + q, ngr, lane) // 4).toint(), self.hw)
+                    for e in cutlass.range_constexpr(self.hw):
+                        hbuf[e, q, b, st] = h[e]
+            sc = _ldw((w_ptr + scale_offset(scale, tile, p, ngr, lane) // 4).toint(), 2)
+            sb[0, b, st] = sc[0]
+            sb[1, b, st] = sc[1]
+
+    @cute.jit
+    def _flush(self, geo, sl, acc, u, seg, mR, mY):
+        """Add this warp's sums of unit u (seg pairs) into ws; the warp completing the unit finishes it."""
+        npairs, lane, m, n_tiles, n_w, cnt, part = geo[2], geo[5], geo[7], geo[8], geo[9], geo[10], geo[11]
+        t_rows = cute.size(mY, mode=[0])
+        g, t = lane // 4, lane % 4
+        tiles = self._tiles(u, m, n_tiles)
+        if t == 0:
+            for b in cutlass.range_constexpr(len(sl)):
+                tile = tiles[sl[b]]
+                for h in cutlass.range_constexpr(2):
+                    row = 16 * tile + g + 8 * h
+                    if owned(self.epilogue, sl[b], tile, tiles, u, row, m, n_w, cutlass.Int32) != 0:
+                        for col in cutlass.range_constexpr(self.cols):
+                            if col < t_rows:
+                                _red_add(part + (col * n_w + row) * 4, acc[2 * h + col, sl[b]])
+        cute.arch.sync_warp()
+        old = cutlass.Int32(0)
+        if lane == 0:
+            old = _count(cnt + u * 4, seg)
+        old = cute.arch.shuffle_sync(old, offset=0)
+        if old + seg == npairs:  # the last contribution: this warp finishes unit u
+            cute.arch.fence_acq_rel_gpu()
+            r = lane % 16
+            col = lane // 16
+            o = 16 * u + r
+            if col < self.cols:
+                if col < t_rows:
+                    if o < m:
+                        a = _take(part + (col * n_w + o) * 4)
+                        if cutlass.const_expr(self.epilogue == "swiglu"):
+                            up = _take(part + (col * n_w + m + o) * 4)
+                            a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
+                        if cutlass.const_expr(self.epilogue == "residual"):
+                            a = a + mR[col, o].to(cutlass.Float32)
+                        mY[col, o] = a.to(cutlass.BFloat16)
+            if lane == 0:
+                _zero(cnt + u * 4)
