@@ -7,6 +7,12 @@ and every warp takes an equal contiguous run of the `units x pairs` blocks (unit
 gate and up tiles for swiglu; pair = two groups along K), in unit-major order. So no SM waits on a
 partial last wave, however the block count divides, and x is staged once per CTA, not per unit.
 
+Weights reach the registers either through `stages` register stages per warp (LDG issued stages - 1
+blocks ahead) or (`cpa`) through a ring of `stages` shared-memory stages per warp: each lane
+cp.async-copies its own bytes of a block (16 base bytes per group, its high bytes, its 8 scale bytes)
+and reads them back with LDS when the block is computed, so no lane waits on another and the bytes in
+flight cost no registers (`cp.async.wait_group stages - 1` before each block).
+
 A run crosses unit boundaries. At the end of each unit segment the warp adds its fp32 row sums
 into `ws` (`red.global.add.f32`, rows this unit owns) and adds the segment's pair count to the
 unit's counter (`atom.add.acq_rel.gpu` by lane 0 after the warp's reds); the warp that brings the
@@ -62,6 +68,28 @@ def _take(addr, *, loc=None, ip=None) -> cutlass.Float32:
 
 
 @dsl_user_op
+def _cp_async(dst, src, nbytes: int, *, loc=None, ip=None):
+    """Asynchronous copy of nbytes (4, 8, 16) from global src to shared dst (16: L2 only)."""
+    cache = "cg" if nbytes == 16 else "ca"
+    _asm_se(None, [cutlass.Int32(dst).ir_value(loc=loc, ip=ip), cutlass.Int64(src).ir_value(loc=loc, ip=ip)],
+            f"cp.async.{cache}.shared.global [$0], [$1], {nbytes};", "r,l", loc, ip)
+
+
+@dsl_user_op
+def _lds(addr, n: int, *, loc=None, ip=None):
+    """n (1, 2, 4) words from shared address addr."""
+    vec = "" if n == 1 else f".v{n}"
+    outs = ", ".join(f"${i}" for i in range(n))
+    ty = T.i32() if n == 1 else llvm.StructType.get_literal([T.i32()] * n)
+    r = _asm_se(ty, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
+                f"ld.shared{vec}.u32 " + (f"{{{outs}}}" if n > 1 else outs) + f", [${n}];",
+                ",".join(["=r"] * n + ["r"]), loc, ip)
+    if n == 1:
+        return [cutlass.Int32(r)]
+    return [cutlass.Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(n)]
+
+
+@dsl_user_op
 def _zero(addr, *, loc=None, ip=None):
     """*addr = 0 (u32, global, relaxed at GPU scope)."""
     _asm_se(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)], "st.relaxed.gpu.global.u32 [$0], 0;", "l",
@@ -80,13 +108,17 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
 
 
 class GemvMmaSK(GemvMma):
-    """`warps` warps per CTA, `ctas` CTAs per SM (the launcher sizes the grid), `stages` register
-    stages of blocks per warp, x for K <= kmax in shared memory."""
+    """`warps` warps per CTA, `ctas` CTAs per SM (the launcher sizes the grid), `stages` stages of blocks
+    per warp in registers or (`cpa`) in a shared-memory ring, x for K <= kmax in shared memory."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
-                 ctas: int = 2, kmax: int = 0, sk: bool = True):
+                 ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax)
+        self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
+        # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
+        self.slot_bytes = 1024 + 256 * self.hw + 256
+        self.ring_slots = stages * (2 if epilogue == "swiglu" else 1)  # slots of ring per warp
 
     @cute.jit
     def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
@@ -120,9 +152,14 @@ class GemvMmaSK(GemvMma):
         smem = cutlass.memory.SmemAllocator()
         xsm = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.cols * self.ngmax * 32,)), byte_alignment=16)
         nbs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.cols * self.ngmax,)), byte_alignment=16)
+        ring0 = cutlass.Int32(0)
+        if cutlass.const_expr(self.cpa):
+            ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.warps * self.ring_slots * self.slot_bytes // 4,)),
+                                        byte_alignment=16)
+            ring0 = ring.iterator.toint() + warp * (self.ring_slots * self.slot_bytes)
         cnt = mWs.iterator.toint()
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
-        geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part)
+        geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0)
         xsd = (mX, xsm, nbs)
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
@@ -137,10 +174,12 @@ class GemvMmaSK(GemvMma):
 
     @cute.jit
     def _run(self, geo, sl, xsd, mR, mY, b0, b1):
-        """Stream blocks b0 .. b1 - 1 (unit b // pairs, pair b % pairs) through `stages` register stages;
-        flush at every unit end and at b1."""
+        """Stream blocks b0 .. b1 - 1 (unit b // pairs, pair b % pairs) through `stages` register stages
+        (cpa: a ring of shared-memory stages, filled by cp.async); flush at every unit end and at b1."""
         w_ptr, ngr, npairs, high, scale, lane, k, m, n_tiles = geo[:9]
         S, nb = self.stages, len(sl)
+        if cutlass.const_expr(self.cpa):
+            S = self.ring_slots // nb
         n = b1 - b0
         wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)
         hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
@@ -148,13 +187,22 @@ class GemvMmaSK(GemvMma):
         wb.fill(0)
         hbuf.fill(0)
         sb.fill(0)
+        if cutlass.const_expr(self.cpa):  # one register stage, loaded from the ring before each compute
+            wb = cute.make_rmem_tensor((4, 2, nb, 1), cutlass.Int32)
+            hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, 1), cutlass.Int32)
+            sb = cute.make_rmem_tensor((2, nb, 1), cutlass.Int32)
         bufs = (wb, hbuf, sb, sb)
         # load cursor (unit lu, pair lp) of block b0 + (loads issued)
         lu = b0 // npairs
         lp = b0 - lu * npairs
         for st in cutlass.range_constexpr(S - 1):
             if st < n:
-                self._load(geo, bufs, sl, lu, lp, st)
+                if cutlass.const_expr(self.cpa):
+                    self._load_cpa(geo, sl, lu, lp, st)
+                else:
+                    self._load(geo, bufs, sl, lu, lp, st)
+            if cutlass.const_expr(self.cpa):
+                cute.arch.cp_async_commit_group()
             lp = lp + 1
             if lp == npairs:
                 lp = cutlass.Int32(0)
@@ -176,13 +224,23 @@ class GemvMmaSK(GemvMma):
             for s in cutlass.range_constexpr(S):
                 i = rd * S + s
                 if i + S - 1 < n:
-                    self._load(geo, bufs, sl, lu, lp, (s + S - 1) % S)
+                    if cutlass.const_expr(self.cpa):
+                        self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)
+                    else:
+                        self._load(geo, bufs, sl, lu, lp, (s + S - 1) % S)
+                if cutlass.const_expr(self.cpa):
+                    cute.arch.cp_async_commit_group()
+                    cute.arch.cp_async_wait_group(S - 1)
                 lp = lp + 1
                 if lp == npairs:
                     lp = cutlass.Int32(0)
                     lu = lu + 1
                 if i < n:
-                    self._compute(ops, kb, bufs, acc, sl, s, p, xsr)
+                    if cutlass.const_expr(self.cpa):
+                        self._ring_to_regs(geo, bufs, nb, s)
+                        self._compute(ops, kb, bufs, acc, sl, 0, p, xsr)
+                    else:
+                        self._compute(ops, kb, bufs, acc, sl, s, p, xsr)
                     seg = seg + 1
                     p = p + 1
                     if p == npairs or i == n - 1:
@@ -192,6 +250,47 @@ class GemvMmaSK(GemvMma):
                         if p == npairs:
                             p = cutlass.Int32(0)
                             u = u + 1
+
+    def _ring_addr(self, geo, nb, st, b):
+        """Shared address of slot b of ring stage st of this warp (lane offsets added by the callers)."""
+        return geo[12] + (st * nb + b) * self.slot_bytes
+
+    @cute.jit
+    def _load_cpa(self, geo, sl, u, p, st):
+        """cp.async this lane's bytes of pair p of unit u's tile slots sl into ring stage st: per group
+        16 base bytes at 512 q + 16 lane, 4 hw high bytes at 1024 + 128 hw q + 4 hw lane, then the
+        8 scale bytes at 1024 + 256 hw + 8 lane."""
+        w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
+        tiles = self._tiles(u, m, n_tiles)
+        base = w_ptr.toint()
+        for b in cutlass.range_constexpr(len(sl)):
+            tile = tiles[sl[b]]
+            d = self._ring_addr(geo, len(sl), st, b)
+            for q in cutlass.range_constexpr(2):
+                _cp_async(d + 512 * q + 16 * lane, base + base_offset(tile, 2 * p + q, ngr, lane), 16)
+                if cutlass.const_expr(self.hw > 0):
+                    _cp_async(d + 1024 + 128 * self.hw * q + 4 * self.hw * lane,
+                              base + high_offset(self.bits, high, tile, 2 * p + q, ngr, lane), 4 * self.hw)
+            _cp_async(d + 1024 + 256 * self.hw + 8 * lane, base + scale_offset(scale, tile, p, ngr, lane), 8)
+
+    @cute.jit
+    def _ring_to_regs(self, geo, bufs, nb, st):
+        """This lane's words of ring stage st into the single register stage."""
+        lane = geo[5]
+        wb, hbuf, sb, _ = bufs
+        for b in cutlass.range_constexpr(nb):
+            d = self._ring_addr(geo, nb, st, b)
+            for q in cutlass.range_constexpr(2):
+                v = _lds(d + 512 * q + 16 * lane, 4)
+                for e in cutlass.range_constexpr(4):
+                    wb[e, q, b, 0] = v[e]
+                if cutlass.const_expr(self.hw > 0):
+                    h = _lds(d + 1024 + 128 * self.hw * q + 4 * self.hw * lane, self.hw)
+                    for e in cutlass.range_constexpr(self.hw):
+                        hbuf[e, q, b, 0] = h[e]
+            sc = _lds(d + 1024 + 256 * self.hw + 8 * lane, 2)
+            sb[0, b, 0] = sc[0]
+            sb[1, b, 0] = sc[1]
 
     @cute.jit
     def _load(self, geo, bufs, sl, u, p, st):

@@ -274,10 +274,12 @@ def test_family_members_and_choice():
         "Q5G64_F16S", epi, 1)))) for epi in ("plain", "swiglu", "residual")}
     assert isinstance(fam["swiglu"].member(17408, 5120), mv.GemvMmaSK)  # gate_up: 1088 units x 40 pairs
     assert isinstance(fam["residual"].member(5120, 17408), mv.GemvMmaSK)  # down: 320 x 136
-    lk, outs = fam["plain"].member(12288, 5120)  # value_z: 30,720 blocks, 768 units
-    assert lk.manifest.config["xs"] and lk.manifest.config["kw"] == 2 and outs == 64
-    lk, outs = fam["plain"].member(7168, 5120)  # attention q|k: 448 units
+    assert isinstance(fam["plain"].member(12288, 5120), mv.GemvMmaSK)  # value_z: 30,720 blocks
+    assert isinstance(fam["residual"].member(5120, 6144), mv.GemvMmaSK)  # GDN / attention output: 15,360
+    lk, outs = fam["plain"].member(7168, 5120)  # attention q|k: 17,920 blocks, 448 units
     assert lk.manifest.config["xs"] and lk.manifest.config["kw"] == 4 and outs == 32
+    lk, outs = fam["plain"].member(4096, 5120)  # GDN q|k: 10,240 blocks
+    assert lk.manifest.config["xs"] and lk.manifest.config["kw"] == 4
     lk, outs = fam["plain"].member(248320, 5120)  # the output head
     assert lk.manifest.config["xs"] and lk.manifest.config["kw"] == 2
     lk, _ = fam["plain"].member(4096, mv.KMAX + 8)
@@ -317,7 +319,13 @@ def test_stream_k_variants():
     v = mv.make_sk_variant("Q4G64_F16S", "swiglu")
     assert v.name == "gemv_mma_q4_t1_swiglu_sk" and v.grid[0] == f"SMS * {mv.SK_CTAS}"
     assert [a.name for a in v.args if a is not None] == ["w", "x", "y", "ws"]
-    assert mv.make_sk_variant("Q6G64_F16S", "plain", stages=2, ctas=1, warps=16).name == "gemv_mma_q6_t1_sk_p2_c1_w16"
+    assert v.config["cpa"] and v.config["stages"] == mv.SK_STAGES[("q4", True)]
+    assert mv.make_sk_variant("Q6G64_F16S", "plain", stages=2, ctas=2, warps=8).name == "gemv_mma_q6_t1_sk_p2_c2_w8"
+    regs = mv.make_sk_variant("Q6G64_F16S", "plain", cpa=False)
+    assert regs.name == "gemv_mma_q6_t1_sk_regs_p3_c1_w16" and not regs.config["cpa"]
+    assert mv.ring_fits("Q6G64_F16S", "swiglu", 3, 16) and not mv.ring_fits("Q6G64_F16S", "swiglu", 4, 16)
+    assert mv.sk_wins(43520, "swiglu") and mv.sk_wins(15360, "residual") and not mv.sk_wins(17920, "plain")
+    assert not mv.sk_wins(620800, "plain")  # the output head
     with pytest.raises(LaunchError, match="Q4-Q6 at T = 1"):
         mv.make_sk_variant("W8G32_F16S", "plain")
     # counters for 2 units padded to 32 words, then fp32 sums [cols, rows of W]
@@ -334,6 +342,7 @@ def test_stream_k_variants():
 
 
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),
+                                       ("gemv_mma_q6_t1_swiglu_sk", "sm_90a"),
                                        ("gemv_mma_q6_t1_k4_xs", "sm_90a"), ("gemv_mma_q4_t1_swiglu_sk", "sm_120a"), ("gemv_mma_q6_t8_res_k8", "sm_90a"),
                                        ("gemv_mma_w8_t1_k4", "sm_120a")])
 def test_builds(name, arch, tmp_path):

@@ -4,7 +4,7 @@
     python tools/bench_gemv.py --build DIR [--tune] [--compare]   (build those extra variants)
     python tools/bench_gemv.py --mma [--mma-tune] [--out f.json]   (tiled tensor-core GEMV vs this one)
     python tools/bench_gemv.py --build DIR --mma [--mma-tune]      (build the variants --mma times)
-    python tools/bench_gemv.py --xs [--build DIR]   (x-in-shared-memory tensor-core members, T = 1)
+    python tools/bench_gemv.py --xs [--pdl] [--build DIR]   (x-in-shared-memory and stream-K members, T = 1)
 
 Each case replays a CUDA graph of back-to-back launches that cycle over enough copies of the
 weights (>= 512 MB in all) that no launch finds its weights in L2, as in decode. Time = median
@@ -167,6 +167,9 @@ def main() -> None:
                     help="also the old-constant (_immc) and 8-row swiglu variants at T = 1")
     ap.add_argument("--mma", action="store_true", help="tensor-core GEMV vs the CUDA-core one (T = 1, 8)")
     ap.add_argument("--mma-tune", action="store_true", help="with --mma: tiles/warps/steps/stages alternatives")
+    ap.add_argument("--pdl", action="store_true",
+                    help="launch with programmatic dependent launch, as the decode graph does (each launch's "
+                         "prologue may overlap the previous one's tail)")
     ap.add_argument("--xs", action="store_true",
                     help="T = 1 on the 27B shapes: CUDA-core, tensor-core family, x-in-shared-memory members")
     a = ap.parse_args()
@@ -185,9 +188,10 @@ def main() -> None:
         return
     dev = Device.open()
     stream = Stream.create()
+    stream.pdl = a.pdl
     rng = np.random.default_rng(0)
     copy = copy_bandwidth(stream)
-    log(f"device {dev.name}  copy bandwidth {copy:.0f} GB/s (1 GiB D2D, read + write)")
+    log(f"device {dev.name}  copy bandwidth {copy:.0f} GB/s (1 GiB D2D, read + write); PDL {'on' if a.pdl else 'off'}")
     cols_list = (1, 8) if a.quick else (1, 2, 4, 8)
     cases = []  # (label, kernel, fmt, shape)
     for fmt in ([] if a.mma else FMT_SHORT):

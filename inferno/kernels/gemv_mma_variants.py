@@ -46,8 +46,14 @@ STAGES_XS = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3,
 XS_KW = (2, 4)  # registered x-in-shared-memory members (T = 1, Q4-Q6)
 # stream-K for mid-size problems (H200, 2026-11-30: the 27B gate_up / down, 43,520 blocks, 1.2-1.4x the
 # xs members); fewer blocks leave each warp too short a run, more (the output head) lose to xs at kw 2
-SK_BLOCKS = (32768, 131072)
-XS_KW2_UNITS = 512  # xs: 2 warps per K range from 512 units (the 27B value_z, 768; the head), else 4
+XS_KW2_UNITS = 512  # xs: 2 warps per K range from 512 units (the head), else 4
+
+
+def sk_wins(blocks: int, epilogue: str) -> bool:
+    """Whether stream-K beats the xs members for a problem of `blocks` (unit, group pair) blocks (H200,
+    2026-11-30, PDL on): from 20,000 blocks (the 27B value_z, gate_up, down), residual from 12,000 (the
+    GDN and attention outputs), up to 131,072 (the output head's 620,800 stream best on xs kw 2)."""
+    return (20000 if epilogue != "residual" else 12000) <= blocks <= 131072
 KMAX = 18432  # cute_kernels/gemv_mma.py KMAX: the longest K an xs kernel takes
 
 
@@ -134,22 +140,33 @@ def alternatives(fmt: str, epilogue: str, cols: int) -> list[Variant]:
     return out
 
 
-SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", True): 3, ("q5", True): 2, ("q6", True): 2}
-SK_CTAS = 2  # CTAs per SM of the stream-K grid
+# Stream-K (cute_kernels/gemv_mma_sk.py). The registered member streams the weights through a ring of
+# shared-memory stages filled by cp.async (`cpa`); the register-stage form is a benchmark alternative.
+# H200, 2026-11-30, PDL on: the ring at 1 CTA x 16 warps per SM beat register stages by 3-14 %, and
+# 2-3 ring stages beat deeper rings (tools/bench_gemv.py --xs --pdl; docs/kernels-gemv-mma.md).
+SK_STAGES = {("q4", False): 3, ("q5", False): 3, ("q6", False): 3, ("q4", True): 2, ("q5", True): 2, ("q6", True): 2}
+REG_SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", True): 3, ("q5", True): 2,
+                 ("q6", True): 2}
+SK_CTAS, SK_WARPS = 1, 16  # the stream-K grid: CTAs per SM, warps per CTA
 SK_MIN_BLOCKS = 4  # blocks per warp at least (small problems use fewer CTAs)
 COUNTER_ALIGN = 32  # cute_kernels/gemv_mma_sk.py: counters padded before the fp32 sums
+SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = WARPS) -> Variant:
-    """The stream-K member `<family>_sk` (Q4-Q6, T = 1); non-default stages/ctas/warps add `_p<s>_c<c>_w<w>`."""
+                    warps: int = SK_WARPS, cpa: bool = True) -> Variant:
+    """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
+    SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`."""
     _, bits, group = FORMATS[fmt]
     if bits == 8 or cols != 1:
         raise LaunchError("stream-K GEMV: Q4-Q6 at T = 1 only")
-    default = SK_STAGES[(FORMATS[fmt][0], epilogue == "swiglu")]
+    key = (FORMATS[fmt][0], epilogue == "swiglu")
+    default = SK_STAGES[key] if cpa else REG_SK_STAGES[key]
     stages = stages or default
     name = f"{variant_name(fmt, epilogue, cols)}_sk"
-    if (stages, ctas, warps) != (default, SK_CTAS, WARPS):
+    if not cpa:
+        name += f"_regs_p{stages}_c{ctas}_w{warps}"
+    elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
     w = Tensor("w", "i32", ("WL",), (1,))
     x = Tensor("x", "bf16", ("T", "K"), ("x_stride", 1))
@@ -159,23 +176,38 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
     return Variant(
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
-                    kmax=KMAX, sk=True),
+                    kmax=KMAX, sk=True, cpa=cpa),
         archs=("sm_90a", "sm_120a"),
         args=(w, x, r, y, ws), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
         pdl=True,
         summary=f"stream-K {epilogue} GEMV, W {fmt} {LAYOUT}, x bf16 [1, K <= {KMAX}] in shared memory, "
-                "mma.sync bf16, fp32 accumulate, self-cleaning workspace",
+                f"{'weights through a cp.async ring, ' if cpa else ''}mma.sync bf16, fp32 accumulate, "
+                "self-cleaning workspace",
     )
 
 
+def ring_fits(fmt: str, epilogue: str, stages: int, warps: int) -> bool:
+    """Whether a ring of `stages` stages for `warps` warps fits one CTA's shared memory next to x."""
+    slot = 1024 + 256 * {4: 0, 5: 1, 6: 2}[FORMATS[fmt][1]] + 256
+    ring = warps * stages * slot * (2 if epilogue == "swiglu" else 1)
+    return ring + KMAX * 2 + KMAX // 64 * 4 + 1024 <= SMEM_BLOCK
+
+
 def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """Stream-K members for the benchmark: default, one stage less / more, 1 CTA of 16 warps per SM."""
+    """Stream-K shapes for the benchmark: the ring at one stage less / more and 2 x 8 warps; register
+    stages at 1 x 16, 2 x 8 and 2-4 x 4 warps per SM (the last leave room for the next kernel's CTAs)."""
     if FORMATS[fmt][1] == 8:
         return []
-    d = SK_STAGES[(FORMATS[fmt][0], epilogue == "swiglu")]
-    return ([make_sk_variant(fmt, epilogue)] + [make_sk_variant(fmt, epilogue, stages=s) for s in (d - 1, d + 1) if s >= 2]
-            + [make_sk_variant(fmt, epilogue, ctas=1, warps=16)])
+    key = (FORMATS[fmt][0], epilogue == "swiglu")
+    d, r = SK_STAGES[key], REG_SK_STAGES[key]
+    ring = [make_sk_variant(fmt, epilogue, stages=s) for s in (d - 1, d + 1)
+            if s >= 2 and ring_fits(fmt, epilogue, s, SK_WARPS)]
+    if ring_fits(fmt, epilogue, d, 8):
+        ring.append(make_sk_variant(fmt, epilogue, ctas=2, warps=8))
+    regs = ([make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=w, cpa=False) for c, w in ((1, 16), (2, 8))]
+            + [make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=4, cpa=False) for c in (2, 3, 4)])
+    return ring + regs
 
 
 def sk_workspace_bytes(m: int, n_w: int, cols: int) -> int:
@@ -223,7 +255,7 @@ def _tiled_bytes(fmt: str, n: int, k: int) -> int:
 class GemvMma:
     """Typed launcher over one or more members of a family: y[t] = epilogue(W x[t]) for t < cols,
     W the `tile16-v1` image of [n, k] (n = 2I for swiglu). Each call runs the member `member` picks:
-    stream-K for SK_BLOCKS-size problems, else x in shared memory (`k_split` among its kw), else (K past
+    stream-K where `sk_wins`, else x in shared memory (`k_split` among its kw), else (K past
     KMAX, or no such member) x in registers."""
 
     def __init__(self, *loaded: "LoadedKernel"):
@@ -259,7 +291,7 @@ class GemvMma:
     def member(self, m: int, k: int) -> "tuple[Any, int] | GemvMmaSK":
         """The stream-K launcher, or (loaded kernel, outputs per CTA), for m outputs and K = k."""
         blocks = -(-m // 16) * (-(-k // 128))
-        if k <= KMAX and self.sk is not None and SK_BLOCKS[0] <= blocks <= SK_BLOCKS[1]:
+        if k <= KMAX and self.sk is not None and sk_wins(blocks, self.epilogue):
             return self.sk
         if k <= KMAX and self.xs_by_kw:
             return self.xs_by_kw[2 if -(-m // 16) >= XS_KW2_UNITS and 2 in self.xs_by_kw else max(self.xs_by_kw)]
