@@ -366,6 +366,13 @@ class GemvMma:
         self.xw = 8 if bits < 8 else 4  # x words (bf16 pairs) per lane and group
         self.hw = {5: 1, 6: 2}.get(bits, 0)  # high words per lane and group
 
+    def geometry(self, m, k):
+        """(rows of W, its 16-row tiles, output units, groups per row, group pairs per row) for m
+        outputs and K = k (DSL values)."""
+        n_w = 2 * m if self.epilogue == "swiglu" else m
+        ngr = (k + 127) // 128 * 128 // self.group
+        return n_w, (n_w + 15) // 16, (m + 15) // 16, ngr, ngr // 2
+
     @cute.jit
     def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor,
                  stream: cuda.CUstream):
@@ -386,13 +393,7 @@ class GemvMma:
         m = cute.size(mY, mode=[1])
         t_rows = cute.size(mX, mode=[0])
         k = cute.size(mX, mode=[1])
-        n_w = m
-        if cutlass.const_expr(self.epilogue == "swiglu"):
-            n_w = 2 * m
-        n_tiles = (n_w + 15) // 16
-        n_units = (m + 15) // 16
-        ngr = (k + 127) // 128 * 128 // self.group  # groups per row
-        npairs = ngr // 2
+        n_w, n_tiles, n_units, ngr, npairs = self.geometry(m, k)
         high, scale = plane_offsets(self.bits, n_tiles, ngr)
 
         # This warp's tiles (units past the end recompute the last one; they are not stored) and pairs.
@@ -521,6 +522,11 @@ class GemvMma:
     def _load_w(self, ld, bufs, sl, p, st):
         """Issue the weight loads of group pair p of the tile slots sl into stage st."""
         w_ptr, _, tiles, ngr, high, scale, lane = ld[:7]
+        self._load_tiles(w_ptr, tiles, ngr, high, scale, lane, bufs, sl, p, st)
+
+    @cute.jit
+    def _load_tiles(self, w_ptr, tiles, ngr, high, scale, lane, bufs, sl, p, st):
+        """Issue the weight loads of group pair p of `tiles`' slots sl into register stage st."""
         wb, hbuf, sb, _ = bufs
         for b in cutlass.range_constexpr(len(sl)):
             tile = tiles[sl[b]]

@@ -34,7 +34,7 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _ldw, _s32, plane_offsets, unit_tiles
+from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32, plane_offsets, unit_tiles
 from cute_kernels.gemv_mma import base_offset, high_offset, scale_offset
 
 COUNTER_ALIGN = 32  # counters padded to 128 bytes before the fp32 sums
@@ -135,13 +135,7 @@ class GemvMmaSK(GemvMma):
         warp = tidx // 32
         m = cute.size(mY, mode=[1])
         k = cute.size(mX, mode=[1])
-        n_w = m
-        if cutlass.const_expr(self.epilogue == "swiglu"):
-            n_w = 2 * m
-        n_tiles = (n_w + 15) // 16
-        n_units = (m + 15) // 16
-        ngr = (k + 127) // 128 * 128 // self.group
-        npairs = ngr // 2
+        n_w, n_tiles, n_units, ngr, npairs = self.geometry(m, k)
         high, scale = plane_offsets(self.bits, n_tiles, ngr)
         nblk = n_units * npairs
         nwarps = nctas * self.warps
@@ -294,23 +288,9 @@ class GemvMmaSK(GemvMma):
 
     @cute.jit
     def _load(self, geo, bufs, sl, u, p, st):
-        """Issue the weight loads of pair p of unit u's tile slots sl into stage st."""
+        """Issue the weight loads of pair p of unit u's tile slots sl into register stage st."""
         w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
-        wb, hbuf, sb, _ = bufs
-        tiles = self._tiles(u, m, n_tiles)
-        for b in cutlass.range_constexpr(len(sl)):
-            tile = tiles[sl[b]]
-            for q in cutlass.range_constexpr(2):
-                v = _ldw((w_ptr + base_offset(tile, 2 * p + q, ngr, lane) // 4).toint(), 4)
-                for e in cutlass.range_constexpr(4):
-                    wb[e, q, b, st] = v[e]
-                if cutlass.const_expr(self.hw > 0):
-                    h = _ldw((w_ptr + high_offset(self.bits, high, tile, 2 * p + q, ngr, lane) // 4).toint(), self.hw)
-                    for e in cutlass.range_constexpr(self.hw):
-                        hbuf[e, q, b, st] = h[e]
-            sc = _ldw((w_ptr + scale_offset(scale, tile, p, ngr, lane) // 4).toint(), 2)
-            sb[0, b, st] = sc[0]
-            sb[1, b, st] = sc[1]
+        self._load_tiles(w_ptr, self._tiles(u, m, n_tiles), ngr, high, scale, lane, bufs, sl, p, st)
 
     @cute.jit
     def _flush(self, geo, sl, acc, u, seg, mR, mY):

@@ -81,3 +81,20 @@ def random_tensors(c: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
 def tiny_model(moe: bool = False, seed: int = 0, mtp: bool = True, layers: int = 4) -> tuple[ModelConfig, DictWeights]:
     config = ModelConfig.from_hf(tiny_hf_config(moe=moe, mtp=mtp, layers=layers))
     return config, DictWeights(random_tensors(config, seed))
+
+
+def tiny_groupwise_artifact(root):
+    """The tiny dense model converted to a groupwise-int `.ninfer` under `root` (its path)."""
+    from inferno.artifact.convert import convert
+    from inferno.checkpoint.synth import synthesize
+
+    return convert(synthesize("tiny-dense", root / "ckpt"), root / "tiny.ninfer", "groupwise-int", progress=False)
+
+
+def artifact_inventory(path):
+    """(config, {tensor name: inventory entry}) of an artifact."""
+    from inferno.artifact import open_checked
+
+    a, _spec, config, expected = open_checked(path)
+    a.close()
+    return config, {e.name: e for e in expected}

@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 
 from inferno.artifact import model_source, open_checked
-from inferno.artifact.convert import convert
 from inferno.artifact.identities import lookup
-from inferno.checkpoint.synth import synthesize
 from inferno.cuda.errors import OutOfMemoryError
 from inferno.errors import NotBuiltError, UsageError
 from inferno.kernels.kv_layout import KVLayout
@@ -25,6 +23,7 @@ from inferno.model.gpu.residency import (
     CONCAT, DEQUANT_BF16, HEADROOM, PAGE_TOKENS, PAYLOAD, TILED, align_up, check_supported, decode_weights, plan_residency,
 )
 from inferno.model.reference import ReferenceExecutor
+from model_fixtures import artifact_inventory, tiny_groupwise_artifact
 
 # GPU-side activations are bf16 (reference: fp32). Measured on tiny-dense (emulated kernels):
 # logits rms rel error ~0.009, max abs ~0.03 (logit std ~1). The bound leaves 2x room and still
@@ -35,15 +34,12 @@ NEAR_TIE = 0.1  # a greedy pick may differ from the reference only where its top
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gpu-plan")
-    return convert(synthesize("tiny-dense", root / "ckpt"), root / "tiny.ninfer", "groupwise-int", progress=False)
+    return tiny_groupwise_artifact(tmp_path_factory.mktemp("gpu-plan"))
 
 
 @pytest.fixture(scope="module")
 def inventory(artifact):
-    a, _spec, config, expected = open_checked(artifact)
-    a.close()
-    return config, {e.name: e for e in expected}
+    return artifact_inventory(artifact)
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,6 @@ from ml_dtypes import bfloat16
 from test_gpu_launches import dry  # noqa: F401  (module fixture: the dry-run executor; uses `artifact` below)
 
 from inferno.artifact import open_checked
-from inferno.artifact.convert import convert
-from inferno.checkpoint.synth import synthesize
 from inferno.errors import InfernoError, UsageError
 from inferno.kernels import qlayout as ql
 from inferno.kernels.build import dsl_available
@@ -22,19 +20,17 @@ from inferno.kernels.tiled import tile, tiled_geometry
 from inferno.model.gpu import GpuExecutor
 from inferno.model.gpu import residency as R
 from inferno.model.gpu.emulator import EmulatedOps
+from model_fixtures import artifact_inventory, tiny_groupwise_artifact
 
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiled-residency")
-    return convert(synthesize("tiny-dense", root / "ckpt"), root / "tiny.ninfer", "groupwise-int", progress=False)
+    return tiny_groupwise_artifact(tmp_path_factory.mktemp("tiled-residency"))
 
 
 @pytest.fixture(scope="module")
 def inventory(artifact):
-    a, _spec, config, expected = open_checked(artifact)
-    a.close()
-    return config, {e.name: e for e in expected}
+    return artifact_inventory(artifact)
 
 
 def _executor(artifact, mode: str) -> GpuExecutor:
