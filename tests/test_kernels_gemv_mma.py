@@ -261,9 +261,9 @@ def test_launcher_refuses_bad_arguments():
 
 
 def test_family_members_and_choice():
-    """A T = 1 Q4-Q6 family holds register-x, xs and stream-K members; the launcher takes stream-K for
-    the 27B gate_up / down sizes, xs (kw 2 for the output head, else 4) for the rest, and the register-x
-    K split only for K past KMAX. W8 and T = 8 families are register-x only."""
+    """A T = 1 Q4-Q6 family holds register-x, xs and stream-K members; the launcher takes stream-K where
+    `sk_wins` (the 27B value_z, gate_up, down, GDN / attention outputs), xs (kw 2 from 512 units, else 4)
+    for the rest, and the register-x K split only for K past KMAX. W8 and T = 8 families are register-x only."""
     names = mv.family_members("gemv_mma_q4_t1_swiglu")
     assert names == ["gemv_mma_q4_t1_swiglu_k2", "gemv_mma_q4_t1_swiglu_k4", "gemv_mma_q4_t1_swiglu_k8",
                      "gemv_mma_q4_t1_swiglu_k2_xs", "gemv_mma_q4_t1_swiglu_k4_xs", "gemv_mma_q4_t1_swiglu_sk"]
@@ -315,6 +315,18 @@ def test_stream_k_row_ownership(epilogue, m):
     assert sorted(adds) == list(range(n_w)) and set(adds.values()) == {1}
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_family_load_skips_members_of_other_archs(arch, monkeypatch):
+    """On sm_120a (about 100 KB of shared memory per CTA) a T = 1 family loads without its ring stream-K."""
+    from inferno.kernels import cache
+
+    dev = type("D", (), {"arch": arch})()
+    monkeypatch.setattr(cache, "load", lambda v, device=None: _Loaded(v))
+    fam = mv.GemvMma.load("gemv_mma_q5_t1_swiglu", dev)
+    assert (fam.sk is not None) == (arch == "sm_90a") and set(fam.xs_by_kw) == set(mv.XS_KW)
+    assert isinstance(fam.member(17408, 5120), mv.GemvMmaSK) == (arch == "sm_90a")
+
+
 def test_stream_k_variants():
     v = mv.make_sk_variant("Q4G64_F16S", "swiglu")
     assert v.name == "gemv_mma_q4_t1_swiglu_sk" and v.grid[0] == f"SMS * {mv.SK_CTAS}"
@@ -324,6 +336,7 @@ def test_stream_k_variants():
     regs = mv.make_sk_variant("Q6G64_F16S", "plain", cpa=False)
     assert regs.name == "gemv_mma_q6_t1_sk_regs_p3_c1_w16" and not regs.config["cpa"]
     assert mv.ring_fits("Q6G64_F16S", "swiglu", 3, 16) and not mv.ring_fits("Q6G64_F16S", "swiglu", 4, 16)
+    assert v.archs == ("sm_90a",) and "sm_120a" in regs.archs  # the ring needs sm_90's shared memory per CTA
     assert mv.sk_wins(43520, "swiglu") and mv.sk_wins(15360, "residual") and not mv.sk_wins(17920, "plain")
     assert not mv.sk_wins(620800, "plain")  # the output head
     with pytest.raises(LaunchError, match="Q4-Q6 at T = 1"):
@@ -343,7 +356,8 @@ def test_stream_k_variants():
 
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),
                                        ("gemv_mma_q6_t1_swiglu_sk", "sm_90a"),
-                                       ("gemv_mma_q6_t1_k4_xs", "sm_90a"), ("gemv_mma_q4_t1_swiglu_sk", "sm_120a"), ("gemv_mma_q6_t8_res_k8", "sm_90a"),
+                                       ("gemv_mma_q6_t1_k4_xs", "sm_90a"), ("gemv_mma_q4_t1_swiglu_k2_xs", "sm_120a"),
+                                       ("gemv_mma_q6_t8_res_k8", "sm_90a"),
                                        ("gemv_mma_w8_t1_k4", "sm_120a")])
 def test_builds(name, arch, tmp_path):
     v = mv.gemv_mma_variant(name)

@@ -177,7 +177,7 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=KMAX, sk=True, cpa=cpa),
-        archs=("sm_90a", "sm_120a"),
+        archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
         pdl=True,
@@ -283,10 +283,15 @@ class GemvMma:
 
     @classmethod
     def load(cls, name: str, device: "Device | None" = None) -> "GemvMma":
-        """A family name loads all its members; a member name only that one."""
+        """A family name loads all its members built for the device's arch; a member name only that one."""
+        from inferno.cuda.device import Device
         from inferno.kernels.cache import load
 
-        return cls(*(load(gemv_mma_variant(nm), device) for nm in family_members(name)))
+        device = device or Device.open()
+        names = family_members(name)
+        if name not in _BY_NAME:
+            names = [nm for nm in names if device.arch in gemv_mma_variant(nm).archs]
+        return cls(*(load(gemv_mma_variant(nm), device) for nm in names))
 
     def member(self, m: int, k: int) -> "tuple[Any, int] | GemvMmaSK":
         """The stream-K launcher, or (loaded kernel, outputs per CTA), for m outputs and K = k."""
