@@ -28,8 +28,9 @@ merges the used splits,
 
     o = sum_s 2^(lse_s - M) part_o_s / sum_s 2^(lse_s - M),   M = max_s lse_s,
 
-(groups of 64 threads take every groups-th split and meet in smem), multiplies by sigmoid(gate)
-(the gate half of the head's [q | gate] projection row) and writes bf16 out[b, h*256 : (h+1)*256].
+(groups of 64 threads take every groups-th split and meet in smem), multiplies by sigmoid(gate[b, h, :])
+(a [B, Hq, 256] view with dynamic row and head strides: the gate projection where its GEMV wrote
+it) and writes bf16 out[b, h*256 : (h+1)*256].
 lens[b] = 0 marks an idle batch lane: no CTA works on it and its output is 0.
 """
 
@@ -743,14 +744,14 @@ class AttnCombine:
         self.threads = 64 * groups
 
     @cute.jit
-    def __call__(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mQG: cute.Tensor,
+    def __call__(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mGate: cute.Tensor,
                  mOut: cute.Tensor, stream: cuda.CUstream):
         hq = cute.size(mPO, mode=[1])
         b = cute.size(mPO, mode=[0])
-        self.kernel(mPO, mPL, mLens, mQG, mOut).launch(grid=(hq, b, 1), block=(self.threads, 1, 1), stream=stream)
+        self.kernel(mPO, mPL, mLens, mGate, mOut).launch(grid=(hq, b, 1), block=(self.threads, 1, 1), stream=stream)
 
     @cute.kernel
-    def kernel(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mQG: cute.Tensor,
+    def kernel(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mGate: cute.Tensor,
                mOut: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         head, seq, _ = cute.arch.block_idx()
@@ -810,7 +811,7 @@ class AttnCombine:
                 rAcc.store(rAcc.load() + rO.load())
                 wsum = wsum + sW[g]
             rG = cute.make_rmem_tensor((4,), cutlass.BFloat16)
-            cute.autovec_copy(cute.zipped_divide(mQG[seq, None], (4,))[None, (head * 2 + 1) * 64 + col], rG)
+            cute.autovec_copy(cute.zipped_divide(mGate[seq, head, None], (4,))[None, col], rG)
             gate = 1.0 / (cute.math.exp2(rG.load().to(cutlass.Float32) * -LOG2E, fastmath=False) + 1.0)
             # wsum >= 1 when a split was used (the largest lse contributes 1); an idle lane writes 0.
             wsum = cute.math.max(wsum, cutlass.Float32(1.0))
@@ -836,14 +837,14 @@ class AttnCombineOnline:
         self.threads = 64 * groups
 
     @cute.jit
-    def __call__(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mQG: cute.Tensor,
+    def __call__(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mGate: cute.Tensor,
                  mOut: cute.Tensor, stream: cuda.CUstream):
         hq = cute.size(mPO, mode=[1])
         b = cute.size(mPO, mode=[0])
-        self.kernel(mPO, mPL, mLens, mQG, mOut).launch(grid=(hq, b, 1), block=(self.threads, 1, 1), stream=stream)
+        self.kernel(mPO, mPL, mLens, mGate, mOut).launch(grid=(hq, b, 1), block=(self.threads, 1, 1), stream=stream)
 
     @cute.kernel
-    def kernel(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mQG: cute.Tensor,
+    def kernel(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mGate: cute.Tensor,
                mOut: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         head, seq, _ = cute.arch.block_idx()
@@ -854,7 +855,7 @@ class AttnCombineOnline:
         cute.arch.griddepcontrol_launch_dependents()
         rG = cute.make_rmem_tensor((4,), cutlass.BFloat16)
         if grp == 0:  # the gate does not depend on lens: its load goes out first
-            cute.autovec_copy(cute.zipped_divide(mQG[seq, None], (4,))[None, (head * 2 + 1) * 64 + col], rG)
+            cute.autovec_copy(cute.zipped_divide(mGate[seq, head, None], (4,))[None, col], rG)
         _, _, used = _pages(mLens[seq], cute.size(mPL, mode=[2]), 0)
 
         smem = cutlass.memory.SmemAllocator()

@@ -4,14 +4,15 @@ For sequence b (one decode token) with rope position pos = positions[b] and cach
 i = lens[b] - 1 (lens counts the cached tokens including this one; lens = 0 marks an idle batch
 lane, whose q is computed but nothing is cached):
 
-    q_h   = rope(rmsnorm(qg[b, h*2d : h*2d + d]; q_norm))   -> q_out[b, h, :]  (fp32)
+    q_h   = rope(rmsnorm(q_proj[b, h, :]; q_norm))          -> q_out[b, h, :]  (fp32)
     k_g   = rope(rmsnorm(k[b, g*d : (g+1)*d];   k_norm))    -> K row of (page_table[b, i // 64], g, i % 64)
     v_g   = v[b, g*d : (g+1)*d]                             -> V row of the same slot          (bf16)
 
 rmsnorm is zero-centred (x * rsqrt(mean(x^2) + eps) * (1 + w)) over d = 256; rope is NeoX
 (half-split) on the first `rotary` dims with inv_freq[j] = theta^(-2j/rotary) (text M-RoPE,
-where t = h = w = pos). qg holds the per-head interleaved [q_h | gate_h] projection; the gate
-half is read later by the combine kernel. The KV pool is viewed as rows of d values (see
+where t = h = w = pos). q_proj is a [B, Hq, d] view with dynamic row and head strides: decode
+passes the q projection where its GEMV wrote it (head stride d), prefill the q halves of its
+per-head [q_h | gate_h] rows (head stride 2d). The KV pool is viewed as rows of d values (see
 inferno/kernels/kv_layout.py): row ((page * 2 + kv) * Hkv + g) * 64 + token.
 
 One warp per head (q heads 0..Hq-1, then kv heads): lane l holds dims 8l..8l+7 (16-byte
@@ -47,18 +48,18 @@ class AttnQkPrep:
         self.half_lanes = self.rot_lanes // 2  # butterfly distance to the rotate_half partner
 
     @cute.jit
-    def __call__(self, mQG: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQNorm: cute.Tensor,
+    def __call__(self, mQP: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQNorm: cute.Tensor,
                  mKNorm: cute.Tensor, mPos: cute.Tensor, mLens: cute.Tensor, mPT: cute.Tensor,
                  mKV: cute.Tensor, mQOut: cute.Tensor, eps: cutlass.Float32, theta: cutlass.Float32,
                  stream: cuda.CUstream):
         b = cute.size(mQOut, mode=[0])
         heads = cute.size(mQOut, mode=[1]) + cute.size(mK, mode=[1]) // HEAD_DIM
-        self.kernel(mQG, mK, mV, mQNorm, mKNorm, mPos, mLens, mPT, mKV, mQOut, eps, theta).launch(
+        self.kernel(mQP, mK, mV, mQNorm, mKNorm, mPos, mLens, mPT, mKV, mQOut, eps, theta).launch(
             grid=((heads + self.warps - 1) // self.warps, b, 1), block=(32 * self.warps, 1, 1), stream=stream
         )
 
     @cute.kernel
-    def kernel(self, mQG: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQNorm: cute.Tensor,
+    def kernel(self, mQP: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQNorm: cute.Tensor,
                mKNorm: cute.Tensor, mPos: cute.Tensor, mLens: cute.Tensor, mPT: cute.Tensor,
                mKV: cute.Tensor, mQOut: cute.Tensor, eps: cutlass.Float32, theta: cutlass.Float32):
         tidx, _, _ = cute.arch.thread_idx()
@@ -77,7 +78,7 @@ class AttnQkPrep:
             rX = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
             rW = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
             if head < hq:
-                cute.autovec_copy(cute.zipped_divide(mQG[seq, None], (VEC,))[None, head * 2 * chunks + lane], rX)
+                cute.autovec_copy(cute.zipped_divide(mQP[seq, head, None], (VEC,))[None, lane], rX)
                 cute.autovec_copy(cute.zipped_divide(mQNorm, (VEC,))[None, lane], rW)
             else:
                 cute.autovec_copy(cute.zipped_divide(mK[seq, None], (VEC,))[None, kh * chunks + lane], rX)

@@ -68,7 +68,7 @@ def test_step_profile_lists_every_launch(ex):
         assert by_name["gdn_conv_step"].launches == n_gdn
         assert by_name["attn_decode+combine"].launches == 2 * n_attn
         assert by_name["rmsnorm input_norm"].launches == c.n_layers
-        assert by_name["copy2d qg"].launches == 2 * n_attn
+        assert not [k for k in by_name if k.startswith("copy2d")]  # q and gate are read where the GEMVs wrote them
         assert by_name["embedding"].launches == 1
         assert any(k.endswith("text/output_head") for k in by_name)
         assert {"h2d step", "d2h logits"} <= set(by_name)

@@ -100,9 +100,14 @@ def test_param_abi(built):
         ("scale", "f32", 4, [], []),
     ]
     m = _manifest(built, "attn_qk_prep", "sm_120a")
-    assert [p.name for p in m.params] == ["qg", "k", "v", "q_norm", "k_norm", "positions", "lens", "page_table",
+    assert [p.name for p in m.params] == ["q_proj", "k", "v", "q_norm", "k_norm", "positions", "lens", "page_table",
                                           "kv", "q", "eps", "rope_theta"]
-    assert [p.size for p in m.params] == [24, 24, 24, 8, 8, 16, 16, 24, 24, 24, 4, 4]
+    assert [p.size for p in m.params] == [32, 24, 24, 8, 8, 16, 16, 24, 24, 24, 4, 4]
+    assert (m.params[0].dyn_shape, m.params[0].dyn_stride) == (["B", "Hq"], ["qp_sb", "qp_sh"])
+    for name in ("attn_combine", "attn_combine_2pass", "attn_combine_serial"):  # the gate: own row and head strides
+        m = _manifest(built, name, "sm_90a")
+        assert [(p.name, p.size, p.dyn_shape, p.dyn_stride) for p in m.params][3:] == [
+            ("gate", 32, ["B", "Hq"], ["gate_sb", "gate_sh"]), ("out", 24, ["B", "OD"], ["out_stride"])]
 
 
 # --- launchers pack what the manifests declare ---------------------------------------------------
@@ -144,10 +149,14 @@ LAY = KVLayout(HKV)
 N_POOL = 50
 
 
+ROW = (HQ + HKV) * 256  # a [q | k] or [gate | v] projection row
+
+
 def _bufs():
     kb = 1 << 20
     return dict(
-        qg=_buf(0x10000000, B * HQ * 512 * 2, "qg"), k=_buf(0x11000000, B * HKV * 256 * 2, "k"),
+        qp=_buf(0x10000000, B * ROW * 2, "q_proj"), gate=_buf(0x19000000, B * ROW * 2, "gate"),
+        k=_buf(0x11000000, B * HKV * 256 * 2, "k"),
         v=_buf(0x12000000, B * HKV * 256 * 2, "v"), qn=_buf(0x13000000, 512, "qn"), kn=_buf(0x13001000, 512, "kn"),
         pos=_buf(0x14000000, B * 4, "pos"), lens=_buf(0x14001000, B * 4, "lens"),
         pt=_buf(0x14002000, B * W * 4, "pt"), kv=_buf(0x20000000, N_POOL * LAY.page_bytes + 100, "kv"),
@@ -158,13 +167,13 @@ def _bufs():
 def test_prep_launcher_packs_manifest_layout(built, recorder):
     k = av.AttnQkPrep(_loaded(built, "attn_qk_prep"))
     d = _bufs()
-    k(d["qg"], d["k"], d["v"], d["qn"], d["kn"], d["pos"], d["lens"], d["pt"], d["kv"], d["q"],
-      batch=B, n_heads=HQ, n_kv_heads=HKV, table_width=W, eps=1e-5, rope_theta=1e7)
+    k(d["qp"], d["k"], d["v"], d["qn"], d["kn"], d["pos"], d["lens"], d["pt"], d["kv"], d["q"],
+      batch=B, n_heads=HQ, n_kv_heads=HKV, table_width=W, eps=1e-5, rope_theta=1e7, q_head_stride=256, q_stride=ROW)
     kernel, grid, block, params, smem = recorder.calls[-1]
     assert kernel == "kernel:attn_qk_prep" and block == [128, 1, 1] and smem == 0
     assert grid == (-(-(HQ + HKV) // 4), B, 1)
     rows = N_POOL * LAY.rows_per_page
-    want = {"qg": _tensor(0x10000000, (B, HQ * 512), (HQ * 512,)), "k": _tensor(0x11000000, (B, 1024), (1024,)),
+    want = {"q_proj": _tensor(0x10000000, (B, HQ), (ROW, 256)), "k": _tensor(0x11000000, (B, 1024), (1024,)),
             "v": _tensor(0x12000000, (B, 1024), (1024,)), "q_norm": _tensor(0x13000000),
             "k_norm": _tensor(0x13001000), "positions": _tensor(0x14000000, (B,)),
             "lens": _tensor(0x14001000, (B,)), "page_table": _tensor(0x14002000, (B, W), (W,)),
@@ -172,6 +181,10 @@ def test_prep_launcher_packs_manifest_layout(built, recorder):
             "eps": struct.pack("<f", 1e-5), "rope_theta": struct.pack("<f", 1e7)}
     for p in k.loaded.manifest.params:
         assert params.raw(p.name) == want[p.name], p.name
+    # the default reads the q halves of per-head [q | gate] rows (prefill's qg): head stride 512
+    k(_buf(0x10000000, B * HQ * 1024, "qg"), d["k"], d["v"], d["qn"], d["kn"], d["pos"], d["lens"], d["pt"], d["kv"],
+      d["q"], batch=B, n_heads=HQ, n_kv_heads=HKV, table_width=W)
+    assert recorder.calls[-1][3].raw("q_proj") == _tensor(0x10000000, (B, HQ), (HQ * 512, 512))
 
 
 def test_decode_and_combine_launchers_pack_manifest_layout(built, recorder):
@@ -187,11 +200,36 @@ def test_decode_and_combine_launchers_pack_manifest_layout(built, recorder):
     assert params.raw("scale") == struct.pack("<f", 256 ** -0.5)
 
     comb = av.AttnCombine(_loaded(built, "attn_combine"))
-    comb(d["po"], d["pl"], d["lens"], d["qg"], d["out"], batch=B, n_heads=HQ, splits=S, out_stride=HQ * 256 + 8)
+    comb(d["po"], d["pl"], d["lens"], d["gate"], d["out"], batch=B, n_heads=HQ, splits=S, gate_stride=ROW,
+         out_stride=HQ * 256 + 8)
     _, grid, block, params, _ = recorder.calls[-1]
     assert grid == (HQ, B, 1) and block == [512, 1, 1]
     assert params.raw("out") == _tensor(0x18000000, (B, HQ * 256), (HQ * 256 + 8,))
-    assert params.raw("qg") == _tensor(0x10000000, (B, HQ * 512), (HQ * 512,))
+    assert params.raw("gate") == _tensor(0x19000000, (B, HQ), (ROW, 256))
+    comb(d["po"], d["pl"], d["lens"], d["gate"], d["out"], batch=B, n_heads=HQ, splits=S)  # dense [B, Hq * 256]
+    assert recorder.calls[-1][3].raw("gate") == _tensor(0x19000000, (B, HQ), (HQ * 256, 256))
+
+
+def test_paged_attention_reads_the_projection_rows(built, recorder):
+    """PagedAttention hands prep and combine q and gate where the GEMVs wrote them: [q | k] and
+    [gate | v] rows (head stride 256, row stride Hq*256 + Hkv*256), k and v after them."""
+    pa = av.PagedAttention.__new__(av.PagedAttention)  # the launchers of the built manifests, no device
+    pa.n_heads, pa.n_kv_heads = HQ, HKV
+    pa.prep, pa.decode, pa.combine = (av.AttnQkPrep(_loaded(built, "attn_qk_prep")),
+                                      av.AttnDecode(_loaded(built, "attn_decode_g6")),
+                                      av.AttnCombine(_loaded(built, "attn_combine")))
+    d = _bufs()
+    qw = HQ * 256 * 2
+    k, v = d["qp"].view(qw, B * ROW * 2 - qw), d["gate"].view(qw, B * ROW * 2 - qw)
+    scratch = _buf(0x30000000, pa.scratch_bytes(B, S), "scratch")
+    pa(d["qp"], d["gate"], k, v, d["qn"], d["kn"], d["pos"], d["lens"], d["pt"], d["kv"], scratch, d["out"], batch=B,
+       table_width=W, splits=S, q_stride=ROW, gate_stride=ROW, kv_stride=ROW)
+    assert [c[0] for c in recorder.calls] == ["kernel:attn_qk_prep", "kernel:attn_decode_g6", "kernel:attn_combine"]
+    prep_params, comb_params = recorder.calls[0][3], recorder.calls[2][3]
+    assert prep_params.raw("q_proj") == _tensor(0x10000000, (B, HQ), (ROW, 256))
+    assert prep_params.raw("k") == _tensor(0x10000000 + qw, (B, HKV * 256), (ROW,))
+    assert prep_params.raw("v") == _tensor(0x19000000 + qw, (B, HKV * 256), (ROW,))
+    assert comb_params.raw("gate") == _tensor(0x19000000, (B, HQ), (ROW, 256))
 
 
 def test_launchers_refuse_bad_arguments(built, recorder):
@@ -208,12 +246,24 @@ def test_launchers_refuse_bad_arguments(built, recorder):
         dec6(d["q"], d["lens"], d["pt"], _buf(0x20000000, LAY.page_bytes - 2, "kv"), d["po"], d["pl"],
              batch=B, n_heads=HQ, n_kv_heads=HKV, table_width=W, splits=S)
     prep = av.AttnQkPrep(_loaded(built, "attn_qk_prep"))
-    with pytest.raises(LaunchError, match="qg_stride"):
-        prep(d["qg"], d["k"], d["v"], d["qn"], d["kn"], d["pos"], d["lens"], d["pt"], d["kv"], d["q"],
-             batch=B, n_heads=HQ, n_kv_heads=HKV, table_width=W, qg_stride=HQ * 512 - 8)
+    rest = (d["k"], d["v"], d["qn"], d["kn"], d["pos"], d["lens"], d["pt"], d["kv"], d["q"])
+    shape = dict(batch=B, n_heads=HQ, n_kv_heads=HKV, table_width=W)
+    for bad, match in ((dict(q_head_stride=256, q_stride=HQ * 256 - 8), "q_stride = 6136 must be >= 6144"),
+                       (dict(q_head_stride=128), "q_head_stride = 128 must be >= 256"),
+                       (dict(q_head_stride=260), "q_head_stride = 260 .* multiple of 8"),
+                       (dict(q_head_stride=512, q_stride=ROW), "q_stride"),
+                       (dict(q_head_stride=256, q_stride=2 * ROW), "'q_proj' has .* bytes, the call needs")):
+        with pytest.raises(LaunchError, match=match):
+            prep(d["qp"], *rest, **shape, **bad)
     with pytest.raises(LaunchError, match="not 16-byte aligned"):
-        prep(_buf(0x10000008, B * HQ * 1024, "qg"), d["k"], d["v"], d["qn"], d["kn"], d["pos"], d["lens"],
-             d["pt"], d["kv"], d["q"], batch=B, n_heads=HQ, n_kv_heads=HKV, table_width=W)
+        prep(_buf(0x10000008, B * HQ * 1024, "qg"), *rest, **shape)
+    comb = av.AttnCombine(_loaded(built, "attn_combine"))
+    for bad, match in ((dict(gate_stride=HQ * 256 - 8), "gate_stride = 6136 must be >= 6144"),
+                       (dict(gate_head_stride=252), "gate_head_stride"),
+                       (dict(gate_head_stride=512, gate_stride=ROW), "gate_stride"),
+                       (dict(gate_head_stride=256, gate_stride=2 * ROW), "'gate' has .* bytes, the call needs")):
+        with pytest.raises(LaunchError, match=match):
+            comb(d["po"], d["pl"], d["lens"], d["gate"], d["out"], batch=B, n_heads=HQ, splits=S, **bad)
     assert not recorder.calls
 
 

@@ -10,6 +10,10 @@ layouts of mma.m16n8k16: the A and B operands of every mma, the accumulator chai
 scores stored to sS, the softmax's sS reads and P stores, and the part_o store of each accumulator
 (row h = hi + row 8 + h = lo of the same column). It caught a DSL lowering bug that the emulation
 could not: a slice of the swizzled V stage inside a swizzle atom had its offset counted twice.
+
+The same evaluator checks the global addresses of the q load of attn_qk_prep and of the gate load
+of every combine variant: they read [B, Hq, 256] views with their own row and head strides (the
+q and gate projections where the GEMVs wrote them), so a wrong stride shows as a wrong address.
 """
 
 from __future__ import annotations
@@ -59,11 +63,12 @@ def _signed(v: int, op: str) -> int:
     return v - (1 << bits) if v >> (bits - 1) & 1 else v
 
 
-def _run(stmts: list[str], tidx: int, params: dict) -> dict:
-    """Evaluate one thread: integer registers (None where unknown: loads, floats), the ldmatrix
-    (op, dst regs, address), mma (d, a, b, c regs), shared loads / stores (address, regs), global
-    stores, and each float register's provenance (the mma results it was computed from)."""
-    reg: dict[str, int | None] = {"%tid.x": tidx, "%ctaid.x": 0, "%ctaid.y": 0, "%ctaid.z": 0}
+def _run(stmts: list[str], tidx: int, params: dict, ctaid: tuple[int, int, int] = (0, 0, 0)) -> dict:
+    """Evaluate one thread of CTA `ctaid`: integer registers (None where unknown: loads, floats), the
+    ldmatrix (op, dst regs, address), mma (d, a, b, c regs), shared loads / stores (address, regs),
+    global loads (address) and stores, and each float register's provenance (the mma results it was
+    computed from)."""
+    reg: dict[str, int | None] = {"%tid.x": tidx, "%ctaid.x": ctaid[0], "%ctaid.y": ctaid[1], "%ctaid.z": ctaid[2]}
     prov: dict[str, set] = {}
     rec = defaultdict(list)
 
@@ -98,6 +103,10 @@ def _run(stmts: list[str], tidx: int, params: dict) -> dict:
         elif op.startswith("ld.shared"):
             rec["shared_ld"].append((addr(rest), regs[0]))
             reg[regs[0]] = None
+        elif op.startswith("ld.global"):
+            rec["global_ld"].append(addr(rest))
+            for d in re.findall(r"%\w+", rest.split("[")[0]):
+                reg[d], prov[d] = None, set()
         elif op.startswith("ld.param"):
             m = re.search(r"param_(\d+)(?:\+(\d+))?", rest)
             reg[regs[0]] = params.get((int(m.group(1)), int(m.group(2) or 0)))
@@ -287,3 +296,47 @@ def test_ptx_check_catches_a_misplaced_v_row(ptx_of):
     m = re.search(r"(ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16 \{[^}]*\}, \[%\w+\+)(\d+)\]", ptx)
     bad = ptx[:m.start()] + m.group(1) + str(int(m.group(2)) + 64) + "]" + ptx[m.end():]
     assert _check(bad, 8, 2)
+
+
+# --- attn_qk_prep's q load and the combines' gate load: [B, Hq, 256] views with two dynamic strides ------
+
+VIEW_BASE = 1 << 40
+ROW_STRIDE, HEAD_STRIDE = 70_001 * 8, 97 * 8  # values; unlike any stride a kernel could assume by itself
+COMBINES = [v.name for v in av.COMBINE_VARIANTS]
+
+
+def _view_load_errors(ptx: str, param: int, threads: int, ctaid: tuple[int, int, int], want) -> list[str]:
+    """Each thread's global loads whose address derives from tensor param `param` (the only param
+    given values: base, row stride at byte 16, head stride at 24) against want(tidx) (value index)."""
+    stmts = _statements(ptx)
+    params = {(param, 0): VIEW_BASE, (param, 16): ROW_STRIDE, (param, 24): HEAD_STRIDE}
+    errors = []
+    for t in range(threads):
+        got = [a for a in _run(stmts, t, params, ctaid)["global_ld"] if a is not None]
+        if got != [VIEW_BASE + 2 * want(t)]:
+            errors.append(f"thread {t}: loads {[hex(a - VIEW_BASE) for a in got]}, want {hex(2 * want(t))}")
+    return errors
+
+
+def test_prep_reads_q_at_its_row_and_head_strides(ptx_of):
+    """Warp w of CTA (x, seq) loads dims 8 lane.. of q head 4 x + w from q_proj[seq, head, :]."""
+    ptx = ptx_of("attn_qk_prep")
+    seq, bx = 2, 1
+    want = lambda t: seq * ROW_STRIDE + (4 * bx + t // 32) * HEAD_STRIDE + 8 * (t % 32)  # noqa: E731
+    errors = _view_load_errors(ptx, 0, 128, (bx, seq, 0), want)
+    assert not errors, f"{len(errors)} errors, first: " + "\n".join(errors[:8])
+    swapped = ptx.replace("param_0+24]", "param_0+16]")  # head stride read from the row stride's slot
+    assert swapped != ptx and _view_load_errors(swapped, 0, 128, (bx, seq, 0), want)
+
+
+@pytest.mark.parametrize("name", COMBINES)
+def test_combine_reads_gate_at_its_row_and_head_strides(ptx_of, name):
+    """Thread t < 64 of CTA (head, seq) loads dims 4 t.. of gate[seq, head, :] (only the first group of
+    64 threads loads the gate, so the code may use t for t % 64: the other threads are not checked)."""
+    ptx = ptx_of(name)
+    head, seq = 5, 2
+    want = lambda t: seq * ROW_STRIDE + head * HEAD_STRIDE + 4 * t  # noqa: E731
+    errors = _view_load_errors(ptx, 3, 64, (head, seq, 0), want)
+    assert not errors, f"{len(errors)} errors, first: " + "\n".join(errors[:8])
+    swapped = ptx.replace("param_3+24]", "param_3+16]")
+    assert swapped != ptx and _view_load_errors(swapped, 3, 64, (head, seq, 0), want)

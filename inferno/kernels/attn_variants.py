@@ -8,8 +8,9 @@ Three kernels per attention layer and decode step (docs/kernels-attention.md):
                       tensor cores (mma.sync); `_pipelined` / `_regs`: the previous CUDA-core kernels
   attn_combine        merges the splits in one pass, applies the sigmoid gate, writes bf16 [B, Hq*256]
 
-Shapes (d = 256): qg bf16 [B, Hq*2d] (per head [q | gate]), k and v bf16 [B, Hkv*d], q_norm and
-k_norm bf16 [d], positions and lens int32 [B] (lens = cached tokens including this one),
+Shapes (d = 256): q_proj and gate bf16 [B, Hq, d] with their own row and head strides (decode: the
+q and gate projections where the GEMVs wrote them, head stride d), k and v bf16 [B, Hkv*d], q_norm
+and k_norm bf16 [d], positions and lens int32 [B] (lens = cached tokens including this one),
 page_table int32 [B, P], kv pool bf16 [rows, d], q scratch fp32 [B, Hq, d], partials fp32
 o [B, Hq, S, d] and lse [B, Hq, S], out bf16 [B, Hq*d]. The lead adds ATTN_VARIANTS to the
 registry; until then `AttnDecode.load(...)` loads them straight from the kernel cache.
@@ -33,7 +34,8 @@ GROUPS = (2, 6, 8)  # query heads per kv head: tiny test models 4/2, 27B 24/4, 3
 MAX_BATCH = 65535
 
 _D = HEAD_DIM
-_QG = Tensor("qg", "bf16", ("B", "QG"), ("qg_stride", 1))
+_QP = Tensor("q_proj", "bf16", ("B", "Hq", _D), ("qp_sb", "qp_sh", 1))
+_GATE = Tensor("gate", "bf16", ("B", "Hq", _D), ("gate_sb", "gate_sh", 1))
 _Q = Tensor("q", "f32", ("B", "Hq", _D), ("q_sb", _D, 1))
 _LENS = Tensor("lens", "i32", ("B",), (1,), align=4)
 _PT = Tensor("page_table", "i32", ("B", "P"), ("pt_stride", 1), align=4)
@@ -44,12 +46,12 @@ _PL = Tensor("part_lse", "f32", ("B", "Hq", "S"), ("pl_sb", "pl_sh", 1), align=4
 PREP = Variant(
     name="attn_qk_prep", op="attn_qk_prep", source="cute_kernels.attn_prep", cls="AttnQkPrep",
     config=dict(warps=4, rotary=64),
-    args=(_QG, Tensor("k", "bf16", ("B", "KD"), ("k_stride", 1)), Tensor("v", "bf16", ("B", "KD"), ("v_stride", 1)),
+    args=(_QP, Tensor("k", "bf16", ("B", "KD"), ("k_stride", 1)), Tensor("v", "bf16", ("B", "KD"), ("v_stride", 1)),
           Tensor("q_norm", "bf16", (_D,), (1,)), Tensor("k_norm", "bf16", (_D,), (1,)),
           Tensor("positions", "i32", ("B",), (1,), align=4), _LENS, _PT, _KV, _Q,
           Scalar("eps", "f32"), Scalar("rope_theta", "f32")),
     grid=("cdiv(Hq + KD // 256, 4)", "B", "1"),
-    divisibility={"QG": 8, "KD": 256, "qg_stride": 8, "k_stride": 8, "v_stride": 8, "kv_stride": 8, "q_sb": 4},
+    divisibility={"KD": 256, "qp_sb": 8, "qp_sh": 8, "k_stride": 8, "v_stride": 8, "kv_stride": 8, "q_sb": 4},
     pdl=True, summary="q/k zero-centred RMSNorm + NeoX RoPE (64 dims) per head; k, v appended to the paged KV cache",
 )
 
@@ -81,9 +83,9 @@ def _combine(groups: int, unroll: int, suffix: str = "", cls: str = "AttnCombine
     return Variant(
         name=f"attn_combine{suffix}", op="attn_combine", source="cute_kernels.attn_decode", cls=cls,
         config=dict(groups=groups, unroll=unroll),
-        args=(_PO, _PL, _LENS, _QG, Tensor("out", "bf16", ("B", "OD"), ("out_stride", 1))),
+        args=(_PO, _PL, _LENS, _GATE, Tensor("out", "bf16", ("B", "OD"), ("out_stride", 1))),
         grid=("Hq", "B", "1"),
-        divisibility={"QG": 8, "OD": 8, "qg_stride": 8, "out_stride": 8, "po_sb": 4, "po_sh": 4},
+        divisibility={"OD": 8, "gate_sb": 8, "gate_sh": 8, "out_stride": 8, "po_sb": 4, "po_sh": 4},
         pdl=True,
         summary=f"merge split-K partials (log-sum-exp, {groups} split group(s) of 64 threads, "
                 f"{'one pass' if cls == 'AttnCombineOnline' else 'max pass first'}), o *= sigmoid(gate), bf16 out",
@@ -156,6 +158,20 @@ def _pool_rows(kv: DeviceBuffer, n_kv_heads: int, kernel: str) -> int:
     return rows
 
 
+def _head_rows(buf: DeviceBuffer, what: str, strides: str, kernel: str, batch: int, n_heads: int,
+               head_stride: int, stride: int | None) -> TensorArg:
+    """The bf16 [batch, n_heads, 256] view of `buf` whose head h of row b starts at value
+    b * stride + h * head_stride (the arguments `strides`_stride, default n_heads * head_stride,
+    and `strides`_head_stride)."""
+    hs = _int(head_stride, f"{strides}_head_stride", kernel)
+    span = (n_heads - 1) * hs + HEAD_DIM  # values one row reads
+    rs = n_heads * hs if stride is None else _int(stride, f"{strides}_stride", kernel)
+    for name, value, least in ((f"{strides}_head_stride", hs, HEAD_DIM), (f"{strides}_stride", rs, span)):
+        if value < least or value % 8:
+            raise LaunchError(f"kernel {kernel}: {name} = {value} must be >= {least} and a multiple of 8")
+    return TensorArg(_buf(buf, what, kernel, ((batch - 1) * rs + span) * 2), (batch, n_heads), (rs, hs))
+
+
 class _AttnLauncher(Launcher):
     @classmethod
     def load(cls, name: str, device: "Device | None" = None) -> "_AttnLauncher":
@@ -187,22 +203,24 @@ class AttnQkPrep(_AttnLauncher):
 
     op = "attn_qk_prep"
 
-    def __call__(self, qg: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
+    def __call__(self, q_proj: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
                  k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer,
                  kv: DeviceBuffer, q: DeviceBuffer, *, batch: int, n_heads: int, n_kv_heads: int,
-                 table_width: int, eps: float = 1e-6, rope_theta: float = 1e7, qg_stride: int | None = None,
-                 kv_stride: int | None = None, stream: Any = None) -> None:
-        """qg [batch, qg_stride >= n_heads*512], k and v [batch, kv_stride >= n_kv_heads*256] bf16;
-        positions, lens int32 [batch]; page_table int32 [batch, table_width]; q fp32 [batch, n_heads, 256]."""
+                 table_width: int, eps: float = 1e-6, rope_theta: float = 1e7, q_head_stride: int = 2 * HEAD_DIM,
+                 q_stride: int | None = None, kv_stride: int | None = None, stream: Any = None) -> None:
+        """q_proj bf16, head h of sequence b at value b * q_stride + h * q_head_stride (256 values):
+        q_head_stride 256 reads the q projection as its GEMV writes it (decode), 512 (the default) the
+        q halves of per-head [q | gate] rows (prefill's qg); q_stride defaults to n_heads * q_head_stride.
+        k and v [batch, kv_stride >= n_kv_heads*256] bf16; positions, lens int32 [batch]; page_table
+        int32 [batch, table_width]; q fp32 [batch, n_heads, 256]."""
         b, hq, hkv = self._heads(batch, n_heads, n_kv_heads)
-        qg_w, kd = hq * 2 * HEAD_DIM, hkv * HEAD_DIM
-        qs = qg_w if qg_stride is None else _int(qg_stride, "qg_stride", self.name)
+        kd = hkv * HEAD_DIM
+        q_in = _head_rows(q_proj, "q_proj", "q", self.name, b, hq, q_head_stride, q_stride)
         ks = kd if kv_stride is None else _int(kv_stride, "kv_stride", self.name)
-        for what, stride, width in (("qg_stride", qs, qg_w), ("kv_stride", ks, kd)):
-            if stride < width or stride % 8:
-                raise LaunchError(f"kernel {self.name}: {what} = {stride} must be >= {width} and a multiple of 8")
+        if ks < kd or ks % 8:
+            raise LaunchError(f"kernel {self.name}: kv_stride = {ks} must be >= {kd} and a multiple of 8")
         rows = _pool_rows(kv, hkv, self.name)
-        args = [TensorArg(_buf(qg, "qg", self.name, ((b - 1) * qs + qg_w) * 2), (b, qg_w), (qs,)),
+        args = [q_in,
                 TensorArg(_buf(k, "k", self.name, ((b - 1) * ks + kd) * 2), (b, kd), (ks,)),
                 TensorArg(_buf(v, "v", self.name, ((b - 1) * ks + kd) * 2), (b, kd), (ks,)),
                 TensorArg(_buf(q_norm, "q_norm", self.name, HEAD_DIM * 2)),
@@ -244,22 +262,23 @@ class AttnCombine(_AttnLauncher):
 
     op = "attn_combine"
 
-    def __call__(self, part_o: DeviceBuffer, part_lse: DeviceBuffer, lens: DeviceBuffer, qg: DeviceBuffer,
-                 out: DeviceBuffer, *, batch: int, n_heads: int, splits: int, qg_stride: int | None = None,
-                 out_stride: int | None = None, stream: Any = None) -> None:
+    def __call__(self, part_o: DeviceBuffer, part_lse: DeviceBuffer, lens: DeviceBuffer, gate: DeviceBuffer,
+                 out: DeviceBuffer, *, batch: int, n_heads: int, splits: int, gate_head_stride: int = HEAD_DIM,
+                 gate_stride: int | None = None, out_stride: int | None = None, stream: Any = None) -> None:
+        """gate bf16, head h of sequence b at value b * gate_stride + h * gate_head_stride (256 values;
+        gate_stride defaults to n_heads * gate_head_stride); out [batch, out_stride >= n_heads*256]."""
         b, hq, _ = self._heads(batch, n_heads, 1)
         s = _int(splits, "splits", self.name)
-        qg_w, od = hq * 2 * HEAD_DIM, hq * HEAD_DIM
-        qs = qg_w if qg_stride is None else _int(qg_stride, "qg_stride", self.name)
+        od = hq * HEAD_DIM
+        gate_in = _head_rows(gate, "gate", "gate", self.name, b, hq, gate_head_stride, gate_stride)
         os_ = od if out_stride is None else _int(out_stride, "out_stride", self.name)
-        for what, stride, width in (("qg_stride", qs, qg_w), ("out_stride", os_, od)):
-            if stride < width or stride % 8:
-                raise LaunchError(f"kernel {self.name}: {what} = {stride} must be >= {width} and a multiple of 8")
+        if os_ < od or os_ % 8:
+            raise LaunchError(f"kernel {self.name}: out_stride = {os_} must be >= {od} and a multiple of 8")
         po_bytes, pl_bytes = partial_bytes(b, hq, s)
         args = [TensorArg(_buf(part_o, "part_o", self.name, po_bytes), (b, hq, s), (hq * s * HEAD_DIM, s * HEAD_DIM)),
                 TensorArg(_buf(part_lse, "part_lse", self.name, pl_bytes, align=4), (b, hq, s), (hq * s, s)),
                 TensorArg(_buf(lens, "lens", self.name, b * 4, align=4), (b,)),
-                TensorArg(_buf(qg, "qg", self.name, ((b - 1) * qs + qg_w) * 2), (b, qg_w), (qs,)),
+                gate_in,
                 TensorArg(_buf(out, "out", self.name, ((b - 1) * os_ + od) * 2), (b, od), (os_,))]
         self._launch(args, {"B": b, "Hq": hq, "S": s}, stream)
 
@@ -267,7 +286,8 @@ class AttnCombine(_AttnLauncher):
 class PagedAttention:
     """One gated full-attention decode step after the projections: prep, split-K partials, combine.
 
-    `scratch` holds the fp32 q and the partials; size it with `scratch_bytes`."""
+    q and gate are read where the projections wrote them (head h at h * 256 of a row); `scratch`
+    holds the fp32 q and the partials; size it with `scratch_bytes`."""
 
     def __init__(self, n_heads: int, n_kv_heads: int, device: "Device | None" = None, decode: str | None = None,
                  combine: str | None = None):
@@ -280,11 +300,15 @@ class PagedAttention:
         po, pl = partial_bytes(batch, self.n_heads, splits)
         return _align(batch * self.n_heads * HEAD_DIM * 4) + _align(po) + _align(pl)
 
-    def __call__(self, qg: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
-                 k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer,
-                 kv: DeviceBuffer, scratch: DeviceBuffer, out: DeviceBuffer, *, batch: int, table_width: int,
-                 splits: int, eps: float = 1e-6, rope_theta: float = 1e7, stream: Any = None) -> None:
-        """lens: cached tokens per sequence including this one (the kernels append at lens - 1)."""
+    def __call__(self, q_proj: DeviceBuffer, gate: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer,
+                 q_norm: DeviceBuffer, k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer,
+                 page_table: DeviceBuffer, kv: DeviceBuffer, scratch: DeviceBuffer, out: DeviceBuffer, *,
+                 batch: int, table_width: int, splits: int, eps: float = 1e-6, rope_theta: float = 1e7,
+                 q_stride: int | None = None, gate_stride: int | None = None, kv_stride: int | None = None,
+                 stream: Any = None) -> None:
+        """q_proj and gate bf16 [batch, n_heads*256] (row strides q_stride, gate_stride); k and v
+        [batch, n_kv_heads*256] (kv_stride); lens: cached tokens per sequence including this one
+        (the kernels append at lens - 1)."""
         hq, hkv = self.n_heads, self.n_kv_heads
         need = self.scratch_bytes(batch, splits)
         if not isinstance(scratch, DeviceBuffer) or scratch.nbytes < need:
@@ -295,11 +319,13 @@ class PagedAttention:
         part_o = scratch.view(q_bytes, _align(po), "attn part_o")
         part_lse = scratch.view(q_bytes + _align(po), _align(pl), "attn part_lse")
         heads = dict(batch=batch, n_heads=hq)
-        self.prep(qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, n_kv_heads=hkv,
-                  table_width=table_width, eps=eps, rope_theta=rope_theta, stream=stream, **heads)
+        self.prep(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, n_kv_heads=hkv,
+                  table_width=table_width, eps=eps, rope_theta=rope_theta, q_head_stride=HEAD_DIM, q_stride=q_stride,
+                  kv_stride=kv_stride, stream=stream, **heads)
         self.decode(q, lens, page_table, kv, part_o, part_lse, n_kv_heads=hkv, table_width=table_width,
                     splits=splits, stream=stream, **heads)
-        self.combine(part_o, part_lse, lens, qg, out, splits=splits, stream=stream, **heads)
+        self.combine(part_o, part_lse, lens, gate, out, gate_stride=gate_stride, splits=splits, stream=stream,
+                     **heads)
 
 
 def _align(n: int, to: int = 256) -> int:

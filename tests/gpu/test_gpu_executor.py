@@ -134,6 +134,24 @@ def test_graph_equals_eager(graph_ex, eager_ex):
     assert first < 0, f"graph and eager logits differ first at step {first} (max abs {diff.max():.3g})"
 
 
+def test_decode_graph_has_no_copies(graph_ex):
+    """The captured decode body copies nothing: the attention kernels read q and the gate where the
+    projection GEMVs wrote them (no per-layer memcpy nodes between the GEMVs and attn_qk_prep)."""
+    from inferno.cuda.driver import driver
+    from inferno.cuda.errors import check
+
+    cu = driver()
+    g, ge = graph_ex.graphs["body"]
+    _, count = check(cu.cuGraphGetNodes(g.handle, 0), "cuGraphGetNodes")
+    nodes, _ = check(cu.cuGraphGetNodes(g.handle, int(count)), "cuGraphGetNodes")
+    types = [check(cu.cuGraphNodeGetType(n), "cuGraphNodeGetType") for n in nodes]
+    copies = sum(t == cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY for t in types)
+    n_attn = len(graph_ex.config.attention_layers)
+    preps = [k for k in ge.kernel_nodes() if "AttnQkPrep" in k.name]
+    assert n_attn > 0 and len(preps) == n_attn, [k.name for k in ge.kernel_nodes()]
+    assert copies == 0, f"{copies} memcpy nodes in the decode graph ({len(nodes)} nodes)"
+
+
 def test_no_device_memory_growth(graph_ex):
     ex = graph_ex
     pages, slots = ex.states.pages.available, ex.states.slots.available

@@ -3,6 +3,9 @@
 One decode step per sequence after the projections: attn_qk_prep (q/k norm + RoPE, k/v appended
 to the paged cache), attn_decode_g<G> (split-K partials) and attn_combine (merge + sigmoid gate).
 Fresh random inputs every run, NaN-poisoned cache pages / scratch / outputs, scattered pages.
+q, k, gate and v are read where the projection GEMVs write them: q | k and gate | v rows of
+(Hq + Hkv) * 256 values (distinct random contents, a NaN guard after the last row), so a kernel
+that reads q or the gate at a wrong row or head stride gets k, v, another head or NaN.
 Each case prints its errors per output (q after prep, the cache slot written, the gated output)
 before asserting, so a failure says which stage went wrong.
 
@@ -15,7 +18,7 @@ import pytest
 from ml_dtypes import bfloat16
 
 from inferno.checkpoint.presets import get_preset
-from inferno.cuda.copy import from_device, memset_d8, to_device
+from inferno.cuda.copy import from_device, h2d, memset_d8, to_device
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import attn_variants as av
 from inferno.kernels.kv_layout import KVLayout, page_table
@@ -63,6 +66,28 @@ def _poisoned(nbytes: int, name: str):
     return buf
 
 
+def _projections(rng, b: int, hq: int, hkv: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """[q | k] and [gate | v] rows as the projection GEMVs write them (distinct random values)."""
+    return _bf16(rng, (b, (hq + hkv) * d)), _bf16(rng, (b, (hq + hkv) * d))
+
+
+def _upload_rows(qk: np.ndarray, gv: np.ndarray, hq: int, d: int) -> dict:
+    """Both row buffers on the device with a NaN guard after them, and the four views the step reads."""
+    bufs = {}
+    for name, rows in (("qk", qk), ("gv", gv)):
+        bufs[name] = _poisoned(rows.nbytes, name)
+        h2d(bufs[name], rows)
+    at = hq * d * 2  # k (v) start after the q (gate) heads of the row
+    return dict(bufs, q_proj=bufs["qk"], k=bufs["qk"].view(at, qk.nbytes - at), gate=bufs["gv"],
+                v=bufs["gv"].view(at, gv.nbytes - at))
+
+
+def _run(attn: av.PagedAttention, rows: dict, stride: int, *args, **kw) -> None:
+    """attn(...) on the views of `_upload_rows` (row stride `stride` for q, gate, k and v)."""
+    attn(rows["q_proj"], rows["gate"], rows["k"], rows["v"], *args, q_stride=stride, gate_stride=stride,
+         kv_stride=stride, **kw)
+
+
 def _step(attn: av.PagedAttention, cfg: ModelConfig, lens: list[int], splits: int | None, rng):
     """Run one decode step on the GPU and return what it wrote plus everything the reference needs."""
     b, hq, hkv, d = len(lens), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -81,24 +106,22 @@ def _step(attn: av.PagedAttention, cfg: ModelConfig, lens: list[int], splits: in
         if n > 1:
             lay.write(pool, table[s], 0, _bf16(rng, (n - 1, hkv, d)), _bf16(rng, (n - 1, hkv, d)))
 
-    qg = _bf16(rng, (b, hq * 2 * d))
-    k = _bf16(rng, (b, hkv * d))
-    v = _bf16(rng, (b, hkv * d))
+    qk, gv = _projections(rng, b, hq, hkv, d)
     q_norm, k_norm = _bf16(rng, d, 0.5), _bf16(rng, d, 0.5)
     positions = (np.maximum(np.array(lens) - 1, 0) + rng.integers(0, 40, b)).astype(np.int32)  # M-RoPE may run ahead
     lens_a = np.array(lens, np.int32)
     splits = splits or av.default_splits(max(lens), b, hkv)
 
-    up = {n: to_device(None, a, n) for n, a in (("qg", qg), ("k", k), ("v", v), ("q_norm", q_norm),
-                                                ("k_norm", k_norm), ("positions", positions),
+    up = {n: to_device(None, a, n) for n, a in (("q_norm", q_norm), ("k_norm", k_norm), ("positions", positions),
                                                 ("lens", lens_a), ("page_table", table), ("kv", pool))}
+    rows = _upload_rows(qk, gv, hq, d)
     scratch = _poisoned(attn.scratch_bytes(b, splits), "scratch")
     out_bytes = b * hq * d * 2
     out = _poisoned(out_bytes, "out")
     try:
-        attn(up["qg"], up["k"], up["v"], up["q_norm"], up["k_norm"], up["positions"], up["lens"],
-             up["page_table"], up["kv"], scratch, out, batch=b, table_width=width, splits=splits,
-             eps=cfg.rms_eps, rope_theta=cfg.rope_theta)
+        _run(attn, rows, (hq + hkv) * d, up["q_norm"], up["k_norm"], up["positions"], up["lens"], up["page_table"],
+             up["kv"], scratch, out, batch=b, table_width=width, splits=splits, eps=cfg.rms_eps,
+             rope_theta=cfg.rope_theta)
         got_scratch = from_device(scratch, np.float32, (attn.scratch_bytes(b, splits) // 4,))
         got_q = got_scratch[:b * hq * d].reshape(b, hq, d)
         po_at = av._align(b * hq * d * 4) // 4
@@ -109,10 +132,11 @@ def _step(attn: av.PagedAttention, cfg: ModelConfig, lens: list[int], splits: in
         got_pool = from_device(up["kv"], bfloat16, pool.shape)
         raw = from_device(out, np.uint8, (out_bytes + GUARD,))
     finally:
-        for buf in (*up.values(), scratch, out):
+        for buf in (*up.values(), rows["qk"], rows["gv"], scratch, out):
             buf.free()
-    return dict(lay=lay, table=table, pool=pool, qg=qg, k=k, v=v, q_norm=q_norm, k_norm=k_norm,
-                positions=positions, splits=splits, got_q=got_q, got_pool=got_pool, got_po=got_po, got_pl=got_pl,
+    qw = hq * d
+    return dict(lay=lay, table=table, pool=pool, q=qk[:, :qw], k=qk[:, qw:], gate=gv[:, :qw], v=gv[:, qw:],
+                q_norm=q_norm, k_norm=k_norm, positions=positions, splits=splits, got_q=got_q, got_pool=got_pool, got_po=got_po, got_pl=got_pl,
                 got_out=raw[:out_bytes].view(bfloat16).reshape(b, hq * d), guard=raw[out_bytes:])
 
 
@@ -128,8 +152,8 @@ def _check(cfg: ModelConfig, lens: list[int], r: dict) -> None:
             ok &= not np.any(got)
             continue
         cos, sin = rope_tables(cfg, r["positions"][s:s + 1])
-        qg = r["qg"][s].astype(f32).reshape(1, hq, 2 * d)
-        q_ref = apply_rope(rms_norm(qg[..., :d], r["q_norm"].astype(f32), cfg.rms_eps), cos, sin)
+        q_ref = apply_rope(rms_norm(r["q"][s].astype(f32).reshape(1, hq, d), r["q_norm"].astype(f32), cfg.rms_eps),
+                           cos, sin)
         k_ref = apply_rope(rms_norm(r["k"][s].astype(f32).reshape(1, hkv, d), r["k_norm"].astype(f32),
                                     cfg.rms_eps), cos, sin)
         v_new = r["v"][s].astype(f32).reshape(1, hkv, d)
@@ -143,7 +167,7 @@ def _check(cfg: ModelConfig, lens: list[int], r: dict) -> None:
         keys = np.concatenate([hist_k[:n - 1], k_ref.astype(bfloat16).astype(f32)])
         values = np.concatenate([hist_v[:n - 1], v_new])
         o = causal_attention(q_ref, keys, values, scale=d ** -0.5).reshape(hq * d)
-        want = o * sigmoid(qg[0, :, d:].reshape(hq * d))
+        want = o * sigmoid(r["gate"][s].astype(f32))
         got = r["got_out"][s].astype(f32)
         unwritten = int(np.isnan(got).sum())
         # The decode kernel alone: its used splits merged here vs attention of its own q over the cache.
@@ -266,15 +290,14 @@ def test_two_steps_append(attention, configs, rng):
     outs, inputs = [], []
     try:
         for n in (64, 65):
-            qg, k, v = _bf16(rng, (1, hq * 2 * d)), _bf16(rng, (1, hkv * d)), _bf16(rng, (1, hkv * d))
-            bufs = [to_device(None, a, nm) for a, nm in ((qg, "qg"), (k, "k"), (v, "v"),
-                                                        (np.array([n - 1], np.int32), "pos"),
-                                                        (np.array([n], np.int32), "lens"))]
-            attn(bufs[0], bufs[1], bufs[2], qn, kn, bufs[3], bufs[4], tab, kv, scratch, out, batch=1,
-                 table_width=2, splits=2, eps=cfg.rms_eps, rope_theta=cfg.rope_theta)
+            qk, gv = _projections(rng, 1, hq, hkv, d)
+            rows = _upload_rows(qk, gv, hq, d)
+            bufs = [to_device(None, np.array([x], np.int32), nm) for x, nm in ((n - 1, "pos"), (n, "lens"))]
+            _run(attn, rows, (hq + hkv) * d, qn, kn, bufs[0], bufs[1], tab, kv, scratch, out, batch=1, table_width=2,
+                 splits=2, eps=cfg.rms_eps, rope_theta=cfg.rope_theta)
             outs.append(from_device(out, bfloat16, (hq * d,)).astype(np.float32))
-            inputs.append((qg, k, v))
-            for buf in bufs:
+            inputs.append((qk[0, :hq * d], gv[0, :hq * d], gv[0, hq * d:]))
+            for buf in (*bufs, rows["qk"], rows["gv"]):
                 buf.free()
         got_pool = from_device(kv, bfloat16, pool.shape)
     finally:
@@ -282,12 +305,12 @@ def test_two_steps_append(attention, configs, rng):
             buf.free()
     keys, values = lay.gather(got_pool, pages[0], 65)
     for step, n in enumerate((64, 65)):
-        qg, k, v = inputs[step]
+        qh, gate, _ = inputs[step]
         cos, sin = rope_tables(cfg, np.array([n - 1]))
-        qh = qg.astype(np.float32).reshape(1, hq, 2 * d)[..., :d]
-        q = apply_rope(rms_norm(qh, q_norm.astype(np.float32), cfg.rms_eps), cos, sin)
+        q = apply_rope(rms_norm(qh.astype(np.float32).reshape(1, hq, d), q_norm.astype(np.float32), cfg.rms_eps),
+                       cos, sin)
         o = causal_attention(q, keys[:n], values[:n], d ** -0.5).reshape(hq * d)
-        want = o * sigmoid(qg.astype(np.float32).reshape(hq, 2 * d)[:, d:].reshape(hq * d))
+        want = o * sigmoid(gate.astype(np.float32))
         err = rel_error(outs[step], want)
         print(f"step {step} len {n}: out rel {err:.2e}")
         assert err <= OUT_TOL
@@ -346,14 +369,14 @@ def test_decode_bandwidth_report(attention, configs, device, copy_gbps, model, b
     splits = av.default_splits(length, batch, hkv, device.sm_count)
     po_b, pl_b = av.partial_bytes(batch, hq, splits)
     q, po, pl = (device_alloc(n, nm) for n, nm in ((batch * hq * 1024, "q"), (po_b, "po"), (pl_b, "pl")))
-    qg, out = device_alloc(batch * hq * 1024, "qg"), device_alloc(batch * hq * 512, "out")
-    for buf in (q, qg):
+    gate, out = device_alloc(batch * hq * 512, "gate"), device_alloc(batch * hq * 512, "out")
+    for buf in (q, gate):
         memset_d8(buf, 0)
     try:
         def run():
             attn.decode(q, lens, table, pool, po, pl, batch=batch, n_heads=hq, n_kv_heads=hkv,
                         table_width=per_seq, splits=splits)
-            attn.combine(po, pl, lens, qg, out, batch=batch, n_heads=hq, splits=splits)
+            attn.combine(po, pl, lens, gate, out, batch=batch, n_heads=hq, splits=splits)
 
         for _ in range(3):
             run()
@@ -372,5 +395,5 @@ def test_decode_bandwidth_report(attention, configs, device, copy_gbps, model, b
               f"{kv_bytes / us / 1e3 / copy_gbps:.0%} of this run's d2d copy {copy_gbps:.0f} GB/s")
         assert not np.any(from_device(out, bfloat16, (batch * hq * 256,)).astype(np.float32))
     finally:
-        for buf in (pool, table, lens, q, po, pl, qg, out):
+        for buf in (pool, table, lens, q, po, pl, gate, out):
             buf.free()

@@ -170,13 +170,13 @@ class EmulatedOps:
         self._put(state, s, np.float32, slot * size)
         self._put(out, normed)
 
-    def attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g: AttnGeometry) -> None:
+    def attn_prep(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g: AttnGeometry) -> None:
         self.launches += 1
         d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
         pos = int(self._get(positions, np.int32, 1)[0])
         slot = int(self._get(lens, np.int32, 1)[0]) - 1
         table = self._get(page_table, np.int32, g.pages_per_seq)
-        qh = self._get(qg, bfloat16, 2 * hq * d).reshape(hq, 2 * d)[:, :d]
+        qh = self._get(q_proj, bfloat16, hq * d).reshape(hq, d)
         kh = self._get(k, bfloat16, hkv * d).reshape(hkv, d)
         vh = self._get(v, bfloat16, hkv * d).reshape(hkv, d)
         cos, sin = _rope(g, pos)
@@ -190,7 +190,7 @@ class EmulatedOps:
                 row = ((page * 2 + kvi) * hkv + head) * PAGE + slot % PAGE
                 self._put(kv, data[head], offset=row * d)
 
-    def attn_decode(self, q, lens, page_table, kv, part_o, part_lse, qg, out, g: AttnGeometry) -> None:
+    def attn_decode(self, q, lens, page_table, kv, part_o, part_lse, gate, out, g: AttnGeometry) -> None:
         self.launches += 2
         d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
         length = int(self._get(lens, np.int32, 1)[0])
@@ -209,8 +209,7 @@ class EmulatedOps:
             scores = keys[:, h // group] @ qh[h] * np.float32(d ** -0.5)
             p = np.exp(scores - scores.max())
             o[h] = (p / p.sum()) @ values[:, h // group]
-        gate = self._get(qg, bfloat16, 2 * hq * d).reshape(hq, 2 * d)[:, d:]
-        self._put(out, o * sigmoid(gate))
+        self._put(out, o * sigmoid(self._get(gate, bfloat16, hq * d).reshape(hq, d)))
 
     # ---- prefill kernels (inferno/model/gpu/prefill.py PrefillOps): T rows of one sequence -------------
     def _rows_of(self, buf: DeviceBuffer, dtype: Any, rows: int, width: int, stride: int) -> np.ndarray:

@@ -6,9 +6,9 @@ Per layer, with x the residual stream (bf16) and `normed` the norm output:
     GDN:   [q|k] = Wqk normed; [v|z] = Wvz normed (one buffer: q|k|v is the conv input, z after it)
            [a|b] = Wab normed (bf16 GEMV); conv + SiLU (conv state of the slot); fused GDN step
            (gates, l2norm, delta rule on the fp32 state of the slot, gated RMSNorm) -> mix_out
-    attn:  [q|k] = Wqk normed; [gate|v] = Wgv normed; q and gate interleaved per head into qg
-           (the kernels' layout); q/k norm + RoPE + K/V append to the paged cache; split-K
-           decode attention + combine with the sigmoid gate -> mix_out
+    attn:  [q|k] = Wqk normed; [gate|v] = Wgv normed; q/k norm + RoPE + K/V append to the paged
+           cache (q, k, v read where the GEMVs wrote them); split-K decode attention + combine with
+           the sigmoid gate (read from gate_value) -> mix_out
     x_mid  = x + Wo mix_out                         (GEMV, residual epilogue)
     normed = rmsnorm(x_mid, post_attention_norm)
     act    = silu(Wg normed) * (Wu normed)           (GEMV, fused SwiGLU epilogue)
@@ -123,17 +123,16 @@ class DecodeProgram:
         d = c.head_dim
         qw, kvw = c.n_heads * d, c.n_kv_heads * d
         qk, gv = w[p + "attention/query_key"], w[p + "attention/gate_value"]
-        mix, gate_value, qg = ws["mix_in"], ws["gate_value"], ws["qg"]
+        mix, gate_value = ws["mix_in"], ws["gate_value"]
         with ops.side():
             ops.gemv(gv.fmt, "plain", gv.buf, ws["normed"], gate_value, qw + kvw, c.hidden, tiled=gv.tiled)
         ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, (qw + kvw) * BF16), qw + kvw, c.hidden,
                  tiled=qk.tiled)
         ops.join()
-        # per head [q_h | gate_h] rows of 2d values: the layout the attention kernels read
-        ops.copy2d(qg, 2 * d * BF16, mix, d * BF16, d * BF16, c.n_heads)
-        ops.copy2d(qg.view(d * BF16, qg.nbytes - d * BF16), 2 * d * BF16, gate_value, d * BF16, d * BF16, c.n_heads)
-        ops.attn_prep(qg, mix.view(qw * BF16, kvw * BF16), gate_value.view(qw * BF16, kvw * BF16),
-                      w[p + "attention/query_norm"].buf, w[p + "attention/key_norm"].buf, self.positions, self.lens,
-                      self.page_table, self.states.kv[i], ws["q"], g)
-        ops.attn_decode(ws["q"], self.lens, self.page_table, self.states.kv[i], ws["part_o"], ws["part_lse"], qg,
+        # the kernels read q, k, gate, v where the GEMVs wrote them (head h at h * d)
+        q_proj, k = mix.view(0, qw * BF16), mix.view(qw * BF16, kvw * BF16)
+        gate, v = gate_value.view(0, qw * BF16), gate_value.view(qw * BF16, kvw * BF16)
+        ops.attn_prep(q_proj, k, v, w[p + "attention/query_norm"].buf, w[p + "attention/key_norm"].buf,
+                      self.positions, self.lens, self.page_table, self.states.kv[i], ws["q"], g)
+        ops.attn_decode(ws["q"], self.lens, self.page_table, self.states.kv[i], ws["part_o"], ws["part_lse"], gate,
                         ws["mix_out"], g)

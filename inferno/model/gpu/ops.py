@@ -63,11 +63,13 @@ class Ops(Protocol):
                       a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer, dt_bias: DeviceBuffer,
                       norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer, sync: DeviceBuffer,
                       out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, eps: float) -> None: ...
-    def attn_prep(self, qg: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
+    # attention: q_proj and gate bf16 [n_heads * head_dim] (head h at h * head_dim, as the projections
+    # write them), k and v [n_kv_heads * head_dim]; q is the fp32 [n_heads, head_dim] scratch prep fills
+    def attn_prep(self, q_proj: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
                   k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer,
                   kv: DeviceBuffer, q: DeviceBuffer, g: AttnGeometry) -> None: ...
     def attn_decode(self, q: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer, kv: DeviceBuffer,
-                    part_o: DeviceBuffer, part_lse: DeviceBuffer, qg: DeviceBuffer, out: DeviceBuffer,
+                    part_o: DeviceBuffer, part_lse: DeviceBuffer, gate: DeviceBuffer, out: DeviceBuffer,
                     g: AttnGeometry) -> None: ...
     def argmax(self, x: DeviceBuffer, out: DeviceBuffer, n: int) -> None: ...
     def sample(self, logits: DeviceBuffer, counts: DeviceBuffer, scratch: DeviceBuffer, out: DeviceBuffer, n: int,
@@ -285,17 +287,17 @@ class CudaOps:
         self._gdn_conv_step(x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out, 1,
                             k_heads, v_heads, n_slots, eps, stream=self.stream)
 
-    def attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g) -> None:
-        self._attn_prep(qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, batch=1, n_heads=g.n_heads,
+    def attn_prep(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g) -> None:
+        self._attn_prep(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, batch=1, n_heads=g.n_heads,
                         n_kv_heads=g.n_kv_heads, table_width=g.pages_per_seq, eps=g.eps, rope_theta=g.rope_theta,
-                        stream=self.stream)
+                        q_head_stride=g.head_dim, stream=self.stream)
 
-    def attn_decode(self, q, lens, page_table, kv, part_o, part_lse, qg, out, g) -> None:
+    def attn_decode(self, q, lens, page_table, kv, part_o, part_lse, gate, out, g) -> None:
         self._attn_decode(q, lens, page_table, kv, part_o, part_lse, batch=1, n_heads=g.n_heads,
                           n_kv_heads=g.n_kv_heads, table_width=g.pages_per_seq, splits=g.splits,
                           scale=g.head_dim ** -0.5, stream=self.stream)
-        self._attn_combine(part_o, part_lse, lens, qg, out, batch=1, n_heads=g.n_heads, splits=g.splits,
-                           stream=self.stream)
+        self._attn_combine(part_o, part_lse, lens, gate, out, batch=1, n_heads=g.n_heads, splits=g.splits,
+                           gate_head_stride=g.head_dim, stream=self.stream)
 
     def argmax(self, x, out, n) -> None:
         if self._argmax is None:
@@ -313,6 +315,9 @@ class CudaOps:
 
     def close(self) -> None:
         self.stream.synchronize()
+        for g in self._gemv.values():  # the stream-K GEMVs' workspaces
+            if hasattr(g, "free"):
+                g.free()
         if self._side is not None:
             side, fork, joined = self._side
             side.synchronize()

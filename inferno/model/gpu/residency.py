@@ -189,8 +189,7 @@ def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int, seqs
         "sampled": I32,  # the device sampler's token
         "sample_scratch": scratch_bytes(c.vocab),  # the device sampler's per-slice candidates
         "sample_counts": seqs * c.vocab * I32,  # tokens generated per sequence (penalties), row = GDN slot
-        # attention: per head [q | gate] (the kernels' layout), q after norm + RoPE, split-K partials
-        "qg": 2 * q_width * BF16 if c.attention_layers else ALIGN,
+        # attention: q after norm + RoPE, split-K partials (q and gate are read where the GEMVs wrote them)
         "q": q_width * FP32 if c.attention_layers else ALIGN,
         "part_o": q_width * splits * FP32 if c.attention_layers else ALIGN,
         "part_lse": c.n_heads * splits * FP32 if c.attention_layers else ALIGN,
