@@ -18,14 +18,13 @@ q and gate projections where the GEMVs wrote them), so a wrong stride shows as a
 
 from __future__ import annotations
 
-import importlib
 import re
-import tempfile
 from collections import defaultdict
 
 import pytest
 
 from inferno.kernels import attn_variants as av
+from ptx_tools import compile_ptx
 
 MMA_VARIANTS = [v.name for v in av.DECODE_VARIANTS if v.cls == "AttnDecodeMma"]
 M32 = (1 << 32) - 1
@@ -33,16 +32,7 @@ PO_STRIDE = 1 << 20  # every stride of part_o in the fake launch parameters: add
 
 
 def _compile_ptx(name: str) -> str:
-    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
-    from inferno.kernels import build
-
-    v = av.attn_variant(name)
-    cutlass, cute, cuda, make_fake_tensor = build._import_dsl()
-    kernel = getattr(importlib.import_module(v.source), v.cls)(**v.config)
-    args = build._fake_args(v, cutlass, cute, cuda, make_fake_tensor)
-    with tempfile.TemporaryDirectory(prefix="inferno-ptx-") as tmp:
-        compiled = cute.compile(kernel, *args, options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {tmp}")
-    return compiled.__ptx__
+    return compile_ptx(av.attn_variant(name))
 
 
 # --- a straight-line evaluator of PTX integer code ----------------------------------------------------

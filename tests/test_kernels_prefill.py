@@ -23,6 +23,7 @@ from inferno.kernels.manifest import Manifest, eval_grid, grid_symbols, source_h
 from inferno.kernels.reference import bf16
 from inferno.kernels.registry import ARCHS, Tensor
 from inferno.model.reference.attention import causal_attention
+from ptx_tools import compile_ptx
 
 SMEM_LIMIT = {"sm_90a": 232448, "sm_120a": 101376}
 BY_NAME = {v.name: v for v in pv.PREFILL_VARIANTS}
@@ -211,18 +212,7 @@ _ASM_F16 = re.compile(r"\{\s*\.reg \.b16 lo, hi;\s*mov\.b32 \{lo, hi\}, (%r\d+);
 
 
 def _compile_dequant_ptx(name: str) -> str:
-    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
-    import importlib
-    import tempfile
-
-    from inferno.kernels import build
-
-    v = pv.prefill_variant(name)
-    cutlass, cute, cuda, make_fake_tensor = build._import_dsl()
-    kernel = getattr(importlib.import_module(v.source), v.cls)(**v.config)
-    args = build._fake_args(v, cutlass, cute, cuda, make_fake_tensor)
-    with tempfile.TemporaryDirectory(prefix="inferno-ptx-") as tmp:
-        return cute.compile(kernel, *args, options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {tmp}").__ptx__
+    return compile_ptx(pv.prefill_variant(name))
 
 
 def _ptx_program(ptx: str) -> list[str]:
