@@ -196,3 +196,18 @@ def test_gpu_auto_prefill_chunk_is_chosen_per_size_tried(monkeypatch, artifact):
     assert asked == [("config", "inventory", "nvfp4", 1, 65536 + 8, 123 << 30),
                      ("config", "inventory", "nvfp4", 1, 3000 + 8, 123 << 30)]
     assert loaded.settings.prefill_chunk == 3008 and loaded.step_timer is step_spans
+
+
+def test_command_records_the_ab_switches_set(monkeypatch):
+    """A/B switches set in the environment lead the recorded command, so benchmark rows describe themselves."""
+    from inferno.bench.runner import BenchSettings
+    from inferno.cli.bench import AB_SWITCHES, _command
+
+    for k in AB_SWITCHES:
+        monkeypatch.delenv(k, raising=False)
+    s = BenchSettings(prompt_tokens=8, decode_tokens=3, contexts=(), reps=1, warmup=0, prefill_chunk=8, seed=0)
+    assert _command("m.ninfer", "cuda", s, "", False, False).startswith("inferno bench m.ninfer --device cuda")
+    monkeypatch.setenv("INFERNO_TILED", "head")
+    monkeypatch.setenv("INFERNO_BRANCHES", "0")
+    assert _command("m.ninfer", "cuda", s, "", True, False).startswith(
+        "INFERNO_TILED=head INFERNO_BRANCHES=0 inferno bench m.ninfer --device cuda")

@@ -13,6 +13,7 @@ weights, synthesized once into the cache).
 from __future__ import annotations
 
 import importlib
+import os
 import platform
 import sys
 from dataclasses import asdict, dataclass, replace
@@ -163,8 +164,11 @@ def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool, model: tup
     gemm = "n/a" if limits.gemm_tflops is None else format(limits.gemm_tflops, ",.0f")
     _log(f"limits: copy {limits.copy_gbps:,.0f} GB/s, GEMM {gemm} TFLOP/s")
     states = getattr(executor, "state_dtypes", StateDtypes("bf16", "bf16", "fp32"))
+    from inferno.model.gpu.residency import tiling_mode
+
     dev = {"kind": "cuda", "name": gpu.name, "arch": gpu.arch, "executor": "gpu",
-           "cuda_graph": getattr(executor, "cuda_graph", None)}
+           "cuda_graph": getattr(executor, "cuda_graph", None), "tiling": tiling_mode(),
+           "pdl": os.environ.get("INFERNO_PDL", "1") != "0", "branches": os.environ.get("INFERNO_BRANCHES", "1") != "0"}
     return _Loaded(executor, limits, states, dev, settings, skipped, step_spans)
 
 
@@ -183,8 +187,12 @@ def _given(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
+AB_SWITCHES = ("INFERNO_TILED", "INFERNO_PDL", "INFERNO_BRANCHES")  # environment A/B switches the command records
+
+
 def _command(target, device, s, json_out, kernel_table, no_cuda_graph) -> str:
-    parts = ["inferno bench"] + ([target] if target else []) + [
+    env = [f"{k}={os.environ[k]}" for k in AB_SWITCHES if os.environ.get(k)]
+    parts = env + ["inferno bench"] + ([target] if target else []) + [
         f"--device {device}", f"--prompt-tokens {s.prompt_tokens}", f"--decode-tokens {s.decode_tokens}"]
     if s.contexts:
         parts.append("--contexts " + ",".join(map(str, s.contexts)))
