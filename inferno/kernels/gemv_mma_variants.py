@@ -23,7 +23,7 @@ from inferno.cuda.errors import LaunchError
 from inferno.cuda.launch import launch
 from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import TensorArg
-from inferno.kernels.gemv_variants import EPILOGUES, FORMATS, gemv_args
+from inferno.kernels.gemv_variants import EPILOGUES, FORMATS, gemv_args, gemv_tensors
 from inferno.kernels.registry import Tensor, Variant
 from inferno.kernels.tiled import LAYOUT, tiled_geometry
 
@@ -112,10 +112,7 @@ def make_variant(fmt: str, epilogue: str, cols: int, kw: int = 8, warps: int = W
                          else f"_w{warps}_r{tiles}_p{stages}")
     elif (warps, tiles, stages, xpre) != (WARPS, TILES, stages_for(fmt, epilogue), XPRE):
         name += f"_w{warps}_r{tiles}_p{stages}" + ("" if xpre else "_xj")
-    w = Tensor("w", "i32", ("WL",), (1,))
-    x = Tensor("x", "bf16", ("T", "K"), ("x_stride", 1))
-    y = Tensor("y", "bf16", ("T", "M"), ("y_stride", 1))
-    r = Tensor("r", "bf16", ("T", "M"), ("r_stride", 1)) if epilogue == "residual" else None
+    w, x, r, y = gemv_tensors(epilogue)
     what = {"plain": "y = W x", "residual": "y = r + W x",
             "swiglu": "out = silu(W[:I] x) * (W[I:] x)"}[epilogue]
     return Variant(
@@ -168,10 +165,7 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
-    w = Tensor("w", "i32", ("WL",), (1,))
-    x = Tensor("x", "bf16", ("T", "K"), ("x_stride", 1))
-    y = Tensor("y", "bf16", ("T", "M"), ("y_stride", 1))
-    r = Tensor("r", "bf16", ("T", "M"), ("r_stride", 1)) if epilogue == "residual" else None
+    w, x, r, y = gemv_tensors(epilogue)
     ws = Tensor("ws", "i32", ("WS",), (1,))
     return Variant(
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",

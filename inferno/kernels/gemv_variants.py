@@ -58,6 +58,14 @@ def variant_name(fmt: str, epilogue: str = "plain", cols: int = 1) -> str:
     return f"gemv_{FORMATS[fmt][0]}_t{t}{EPILOGUES[epilogue]}"
 
 
+def gemv_tensors(epilogue: str) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """The tensor arguments (w, x, r, y) of a quantized decode GEMV: w int32 words, x bf16 [T, K],
+    r (residual epilogue only) and y bf16 [T, M]."""
+    return (Tensor("w", "i32", ("WL",), (1,)), Tensor("x", "bf16", ("T", "K"), ("x_stride", 1)),
+            Tensor("r", "bf16", ("T", "M"), ("r_stride", 1)) if epilogue == "residual" else None,
+            Tensor("y", "bf16", ("T", "M"), ("y_stride", 1)))
+
+
 def make_variant(fmt: str, epilogue: str, cols: int, rows: int | None = None,
                  threads: int = THREADS, inplace: bool = True, unroll: int = 1,
                  regconst: bool = True) -> Variant:
@@ -76,10 +84,7 @@ def make_variant(fmt: str, epilogue: str, cols: int, rows: int | None = None,
     if not regconst:
         name += "_immc"
     outs = rows // 2 if epilogue == "swiglu" else rows
-    w = Tensor("w", "i32", ("WL",), (1,))
-    x = Tensor("x", "bf16", ("T", "K"), ("x_stride", 1))
-    y = Tensor("y", "bf16", ("T", "M"), ("y_stride", 1))
-    r = Tensor("r", "bf16", ("T", "M"), ("r_stride", 1)) if epilogue == "residual" else None
+    w, x, r, y = gemv_tensors(epilogue)
     what = {"plain": "y = W x", "residual": "y = r + W x",
             "swiglu": "out = silu(W[:I] x) * (W[I:] x)"}[epilogue]
     return Variant(
