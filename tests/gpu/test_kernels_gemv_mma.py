@@ -19,13 +19,12 @@ from inferno.kernels import qlayout as ql
 from inferno.kernels.cache import load
 from inferno.kernels.reference import BF16_TOL, bf16, rel_error
 from inferno.kernels.tiled import tile
+from gemv_check import check_gemv
 
 FORMATS = list(gw.SCHEMES)
 GATE_UP, DOWN, VALUE_Z, QUERY_KEY = (34816, 5120), (5120, 17408), (12288, 5120), (4096, 5120)
 GDN_OUT, ATTN_QK, HEAD, RAGGED = (5120, 6144), (7168, 5120), (248320, 5120), (1002, 200)
 COLS = [1, 2, 5, 8]
-GUARD = 256
-SAMPLE = 384
 
 
 _weights: dict = {}
@@ -47,29 +46,7 @@ def weights(fmt, n, k, rng):
 def run_case(device, rng, fmt, epilogue, n, k, cols, kern=None):
     kern = kern or mv.GemvMma.load(mv.variant_name(fmt, epilogue, cols), device)
     pay, dw = weights(fmt, n, k, rng)
-    m = n // 2 if epilogue == "swiglu" else n
-    x = rng.standard_normal((cols, k), np.float32).astype(bf16)
-    r = rng.standard_normal((cols, m), np.float32).astype(bf16) if epilogue == "residual" else None
-    dx = to_device(None, x, "x")
-    dr = to_device(None, r, "r") if r is not None else None
-    out_bytes = cols * m * 2
-    dy = device_alloc(out_bytes + GUARD, "y")
-    memset_d8(dy, 0xFF)
-    try:
-        kern(dw, dx, dy, n, k, cols, r=dr)
-        raw = from_device(dy, np.uint8, (out_bytes + GUARD,))
-    finally:
-        for b in (dx, dr, dy):
-            if b is not None:
-                b.free()
-    y = raw[:out_bytes].view(bf16).reshape(cols, m).astype(np.float32)
-    outs = np.arange(m) if m <= SAMPLE else np.unique(np.r_[0, m - 1, rng.choice(m, SAMPLE, replace=False)])
-    want = ql.reference(fmt, pay, n, k, x.astype(np.float32), epilogue,
-                        r[:, outs].astype(np.float32) if r is not None else None, outs)
-    assert np.all(raw[out_bytes:] == 0xFF), "guard tail written"
-    assert not np.isnan(y).any(), f"{int(np.isnan(y).sum())} outputs unwritten"
-    err = rel_error(y[:, outs], want.astype(np.float32))
-    assert err <= BF16_TOL, f"rel err {err:.2e}"
+    check_gemv(kern, pay, dw, fmt, epilogue, n, k, cols, rng)
 
 
 @pytest.mark.parametrize("cols", COLS)
