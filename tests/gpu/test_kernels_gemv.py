@@ -32,7 +32,8 @@ def _weights(device, fmt, n, k, rng):
 def run_case(device, rng, fmt, epilogue, n, k, cols):
     kern = GemvQ.load(variant_name(fmt, epilogue, cols), device)
     pay, dw = _weights(device, fmt, n, k, rng)
-    check_gemv(kern, pay, dw, fmt, epilogue, n, k, cols, rng)
+    check_gemv(kern, dw, epilogue, n, k, cols, rng,
+               lambda x, r, outs: ql.reference(fmt, pay, n, k, x, epilogue, r, outs))
 
 
 @pytest.mark.parametrize("cols", [1, 2, 4, 8])

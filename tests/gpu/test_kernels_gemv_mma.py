@@ -46,7 +46,8 @@ def weights(fmt, n, k, rng):
 def run_case(device, rng, fmt, epilogue, n, k, cols, kern=None):
     kern = kern or mv.GemvMma.load(mv.variant_name(fmt, epilogue, cols), device)
     pay, dw = weights(fmt, n, k, rng)
-    check_gemv(kern, pay, dw, fmt, epilogue, n, k, cols, rng)
+    check_gemv(kern, dw, epilogue, n, k, cols, rng,
+               lambda x, r, outs: ql.reference(fmt, pay, n, k, x, epilogue, r, outs))
 
 
 @pytest.mark.parametrize("cols", COLS)

@@ -9,16 +9,14 @@ import numpy as np
 import pytest
 
 from inferno.artifact.formats import nvfp4
-from inferno.cuda.copy import from_device, memset_d8, to_device
+from inferno.cuda.copy import to_device
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import device_alloc
 from inferno.kernels.gemv_nvfp4_variants import GemvNvfp4, variant_name
-from inferno.kernels.reference import BF16_TOL, bf16, rel_error
+from gemv_check import check_gemv
 
 GATE_UP, DOWN = (34816, 5120), (5120, 17408)
 RAGGED = [(384, 192), (128, 320), (640, 1088)]  # K / 32 not a multiple of the 128 threads
-GUARD = 256
-SAMPLE = 384
 
 
 _payloads: dict = {}
@@ -49,35 +47,7 @@ def reference(pay, n, k, x, epilogue, r, outs):
 def run_case(device, rng, epilogue, n, k, cols):
     kern = GemvNvfp4.load(variant_name(epilogue, cols), device)
     pay, dw = _weights(n, k, rng)
-    m = n // 2 if epilogue == "swiglu" else n
-    x = rng.standard_normal((cols, k), np.float32).astype(bf16)
-    r = rng.standard_normal((cols, m), np.float32).astype(bf16) if epilogue == "residual" else None
-    dx = to_device(None, x, "x")
-    dr = to_device(None, r, "r") if r is not None else None
-    out_bytes = cols * m * 2
-    dy = device_alloc(out_bytes + GUARD, "y")
-    memset_d8(dy, 0xFF)  # bf16 0xFFFF is a NaN: an unwritten output shows
-    try:
-        kern(dw, dx, dy, n, k, cols, r=dr)
-        raw = from_device(dy, np.uint8, (out_bytes + GUARD,))
-    finally:
-        for b in (dx, dr, dy):
-            if b is not None:
-                b.free()
-    y = raw[:out_bytes].view(bf16).reshape(cols, m).astype(np.float32)
-    outs = np.arange(m) if m <= SAMPLE else np.unique(np.r_[0, m - 1, rng.choice(m, SAMPLE, replace=False)])
-    want = reference(pay, n, k, x.astype(np.float32), epilogue,
-                     r[:, outs].astype(np.float64) if r is not None else None, outs)
-    what = f"{kern.name} [{n}, {k}] T={cols}"
-    assert np.all(raw[out_bytes:] == 0xFF), f"{what}: guard tail written"
-    bad = np.argwhere(np.isnan(y))
-    assert not len(bad), f"{what}: {len(bad)} outputs unwritten, first (t, o) = {tuple(bad[0])}"
-    got = y[:, outs]
-    err = rel_error(got, want.astype(np.float32))
-    t, j = np.unravel_index(np.argmax(np.abs(got - want)), got.shape)
-    assert err <= BF16_TOL, (f"{what}: rel err {err:.2e}; worst t={t} o={outs[j]}: got {got[t, j]:.5g}, "
-                             f"want {want[t, j]:.5g}; got/want rms ratio "
-                             f"{np.sqrt(np.mean(got ** 2) / max(np.mean(want ** 2), 1e-30)):.4f}")
+    check_gemv(kern, dw, epilogue, n, k, cols, rng, lambda x, r, outs: reference(pay, n, k, x, epilogue, r, outs))
 
 
 @pytest.mark.parametrize("cols", [1, 2, 4, 8])
