@@ -333,17 +333,43 @@ def _bf16x2_sum(v, *, loc=None, ip=None) -> cutlass.Float32:
         "mov.b32 a, lo; mov.b32 b, hi; add.rn.f32 $0, a, b; }", "=f,r", loc, ip))
 
 
+@dsl_user_op
+def _bf16x2_sq(v, *, loc=None, ip=None) -> cutlass.Float32:
+    """lo^2 + hi^2 of a bf16x2 word, in fp32."""
+    return cutlass.Float32(_asm(
+        T.f32(), [cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
+        "{ .reg .b32 lo, hi; .reg .f32 a, b; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xffff0000; "
+        "mov.b32 a, lo; mov.b32 b, hi; mul.rn.f32 a, a, a; fma.rn.f32 $0, b, b, a; }", "=f,r", loc, ip))
+
+
+@dsl_user_op
+def _norm_word(v, g, rs, *, loc=None, ip=None) -> cutlass.Int32:
+    """bf16x2 of x * rs * (1 + g) per half (x, g bf16x2 words; fp32 math as cute_kernels/rmsnorm.py)."""
+    args = [cutlass.Int32(v).ir_value(loc=loc, ip=ip), cutlass.Int32(g).ir_value(loc=loc, ip=ip),
+            cutlass.Float32(rs).ir_value(loc=loc, ip=ip)]
+    return cutlass.Int32(_asm(
+        T.i32(), args,
+        "{ .reg .b32 xl, xh, gl, gh; .reg .f32 a, b, c, d; "
+        "shl.b32 xl, $1, 16; and.b32 xh, $1, 0xffff0000; shl.b32 gl, $2, 16; and.b32 gh, $2, 0xffff0000; "
+        "mov.b32 a, xl; mov.b32 b, xh; mov.b32 c, gl; mov.b32 d, gh; "
+        "add.rn.f32 c, c, 0f3F800000; add.rn.f32 d, d, 0f3F800000; "
+        "mul.rn.f32 a, a, $3; mul.rn.f32 a, a, c; mul.rn.f32 b, b, $3; mul.rn.f32 b, b, d; "
+        "cvt.rn.bf16x2.f32 $0, b, a; }", "=r,r,r,f", loc, ip))
+
+
 # ---- the kernel --------------------------------------------------------------------------------
 
 class GemvMma:
     """`warps` warps per CTA in warp rows of `kw` warps that split K; a warp row owns `tiles` output
     units; `stages` register stages of group pairs per warp; registers capped for `ctas` CTAs per SM;
     x loaded one pair ahead (`xpre`) or when its pair is computed, or (`xs`, Q4-Q6, T <= 2, K <= kmax)
-    staged once per CTA in shared memory as ready B words with each group's -bias * sum(x)."""
+    staged once per CTA in shared memory as ready B words with each group's -bias * sum(x); with
+    `norm` (xs, T = 1) x is the un-normed row and staging applies the zero-centred RMSNorm
+    bf16(x * rsqrt(mean(x^2) + eps) * (1 + nw)) first, as cute_kernels/rmsnorm.py rounds it."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, kw: int = 8,
                  tiles: int = 1, stages: int = 3, ctas: int = 2, xpre: bool = True, xs: bool = False,
-                 kmax: int = 0):
+                 kmax: int = 0, norm: bool = False):
         if (bits, group) not in ((4, 64), (5, 64), (6, 64), (8, 32)):
             raise ValueError("format must be bits/group 4/64, 5/64, 6/64 or 8/32")
         if not 1 <= cols <= 8:
@@ -356,7 +382,9 @@ class GemvMma:
         self.warps, self.kw, self.tiles, self.stages, self.ctas = warps, kw, tiles, stages, ctas
         if xs and (bits == 8 or cols > 2 or kmax <= 0 or kmax % 128):
             raise ValueError("xs: Q4-Q6, cols <= 2, kmax > 0 a multiple of 128 (shared x for K <= kmax)")
-        self.xpre, self.xs, self.kmax = xpre, xs, kmax
+        if norm and (not xs or cols != 1):
+            raise ValueError("norm: x in shared memory (xs) at T = 1 only")
+        self.xpre, self.xs, self.kmax, self.norm = xpre, xs, kmax, norm
         self.ngmax = kmax // group  # groups per row the shared x holds
         self.threads = 32 * warps
         self.rows = warps // kw  # warp rows per CTA
@@ -374,15 +402,16 @@ class GemvMma:
         return n_w, (n_w + 15) // 16, (m + 15) // 16, ngr, ngr // 2
 
     @cute.jit
-    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor,
-                 stream: cuda.CUstream):
+    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mN: cute.Tensor,
+                 eps, stream: cuda.CUstream):
         m = cute.size(mY, mode=[1])
         grid = ((m + 16 * self.units - 1) // (16 * self.units), 1, 1)
-        self.kernel(mW, mX, mR, mY).launch(grid=grid, block=(self.threads, 1, 1), stream=stream,
+        self.kernel(mW, mX, mR, mY, mN, eps).launch(grid=grid, block=(self.threads, 1, 1), stream=stream,
                                            min_blocks_per_mp=self.ctas, preferred_smem_carveout=-1)
 
     @cute.kernel
-    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor):
+    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mN: cute.Tensor,
+               eps):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
@@ -412,16 +441,12 @@ class GemvMma:
         ns = self.slots
         smem = cutlass.memory.SmemAllocator()
         red = smem.allocate_tensor(cutlass.Float32, cute.make_layout((32, 4, ns, self.warps)), byte_alignment=16)
-        xsm, nbs = red, red  # (unused without xs)
+        xsd = (mX, red, red, mN, eps, red)  # (unused without xs)
         if cutlass.const_expr(self.xs):
-            xsm = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.cols * self.ngmax * 32,)),
-                                       byte_alignment=16)
-            nbs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.cols * self.ngmax,)),
-                                       byte_alignment=16)
+            xsd = self.xs_smem(smem, mX, mN, eps)
         acc = cute.make_rmem_tensor((4, ns), cutlass.Float32)
         acc.fill(0.0)
         ld = (w_ptr, x_ptr, tiles, ngr, high, scale, lane, k, p0, n_local, npairs)
-        xsd = (mX, xsm, nbs)
         if cutlass.const_expr(self.epilogue == "swiglu"):
             # gate and first up tile of every unit; the second up tile in a pass of its own (only
             # when I % 16 != 0), so that the usual case keeps its registers
@@ -556,39 +581,76 @@ class GemvMma:
                 for e in cutlass.range_constexpr(4):
                     xb[4 * c + e, q, st] = v[e] & keep
 
+    def xs_smem(self, smem, mX, mN, eps):
+        """The x staging operands: (x, B words [cols ngmax 32], -bias sums [cols ngmax], norm weight,
+        eps, the norm's per-warp sums [32]) with the shared buffers allocated from `smem`."""
+        xsm = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.cols * self.ngmax * 32,)), byte_alignment=16)
+        nbs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.cols * self.ngmax,)), byte_alignment=16)
+        nss = nbs
+        if cutlass.const_expr(self.norm):
+            nss = smem.allocate_tensor(cutlass.Float32, cute.make_layout((32,)), byte_alignment=16)
+        return (mX, xsm, nbs, mN, eps, nss)
+
+    def _rounds(self) -> int:
+        """Staging records per thread (the records of K = kmax over the CTA's threads)."""
+        return (self.cols * self.ngmax * 4 + self.threads - 1) // self.threads
+
     @cute.jit
-    def _stage_x(self, xsd, k, ngr):
+    def _record(self, it, ngr):
+        """(record r, clamped record rr, quad thread t, group j, column c) of this thread's round it."""
+        tidx, _, _ = cute.arch.thread_idx()
+        n_rec = self.cols * ngr * 4
+        r = it * self.threads + tidx
+        rr = cutlass.min(r, n_rec - 1)  # in range: whole quads stay in step
+        return r, rr, rr % 4, rr // 4 % ngr, rr // (4 * ngr)
+
+    @cute.jit
+    def _load_records(self, mT, col, j, t, k, xv, it):
+        """The 16 bf16 of group j, quad thread t of row `col` of mT (1-D: col ignored) into xv[:, it]
+        (zero past K)."""
+        ptr = mT.iterator
+        if cutlass.const_expr(cute.rank(mT.layout) == 2):
+            ptr = mT.iterator + cute.crd2idx((col, 0), mT.layout)
+        for h in cutlass.range_constexpr(2):
+            e = j * 64 + 16 * t + 8 * h
+            v = _ldx((ptr + cutlass.min(e, k - 8)).toint())
+            keep = cutlass.Int32(0) - cutlass.Int32(e < k)  # all ones inside K
+            for q in cutlass.range_constexpr(4):
+                xv[4 * h + q, it] = v[q] & keep
+
+    @cute.jit
+    def load_norm_w(self, xsd, k, ngr):
+        """This thread's staging records of the norm weight (issue before griddepcontrol.wait: static)."""
+        gv = cute.make_rmem_tensor((8, self._rounds()), cutlass.Int32)
+        for it in cutlass.range_constexpr(self._rounds()):
+            _, rr, t, j, _ = self._record(it, ngr)
+            self._load_records(xsd[3], 0, j, t, k, gv, it)
+        return gv
+
+    @cute.jit
+    def _stage_x(self, xsd, k, ngr, gv=None):
         """All threads: x [T, K] into shared memory as the B words of every (column c, group j, quad
         thread t) (b_regs of x[c, 64 j + 16 t ..], 32 bytes at ((c ngmax + j) 4 + t) 32) and
         -bias * sum(x[c, group j]) at c ngmax + j; columns >= T repeat column T - 1, x past K is 0.
         A thread's records are r = tidx + threads i; all their x loads are issued first (one L2
-        latency for the whole staging), then decoded and stored."""
-        mX, xsm, nbs = xsd
-        tidx, _, _ = cute.arch.thread_idx()
+        latency for the whole staging), then decoded and stored. With `norm` the records are normed
+        first (the sum of squares reduced over the CTA; gv: the norm weight's records, or loaded here)."""
+        mX, xsm, nbs = xsd[0], xsd[1], xsd[2]
         t_rows = cute.size(mX, mode=[0])
         n_rec = self.cols * ngr * 4
         xs0 = xsm.iterator.toint()
         ops = DslOps()
-        rounds = (self.cols * self.ngmax * 4 + self.threads - 1) // self.threads
+        rounds = self._rounds()
         xv = cute.make_rmem_tensor((8, rounds), cutlass.Int32)
         for it in cutlass.range_constexpr(rounds):
-            rr = cutlass.min(it * self.threads + tidx, n_rec - 1)  # in range: whole quads stay in step
-            t = rr % 4
-            j = rr // 4 % ngr
-            c = rr // (4 * ngr)
-            x_ptr = mX.iterator + cute.crd2idx((cutlass.min(c, t_rows - 1), 0), mX.layout)
-            for h in cutlass.range_constexpr(2):
-                e = j * 64 + 16 * t + 8 * h
-                v = _ldx((x_ptr + cutlass.min(e, k - 8)).toint())
-                keep = cutlass.Int32(0) - cutlass.Int32(e < k)  # all ones inside K
-                for q in cutlass.range_constexpr(4):
-                    xv[4 * h + q, it] = v[q] & keep
+            _, rr, t, j, c = self._record(it, ngr)
+            self._load_records(mX, cutlass.min(c, t_rows - 1), j, t, k, xv, it)
+        if cutlass.const_expr(self.norm):
+            if cutlass.const_expr(gv is None):
+                gv = self.load_norm_w(xsd, k, ngr)
+            self._norm_records(xsd, xv, gv, k, ngr)
         for it in cutlass.range_constexpr(rounds):
-            r = it * self.threads + tidx
-            rr = cutlass.min(r, n_rec - 1)
-            t = rr % 4
-            j = rr // 4 % ngr
-            c = rr // (4 * ngr)
+            r, _, t, j, c = self._record(it, ngr)
             xw = [xv[q, it] for q in range(8)]
             s = cutlass.Float32(0.0)
             for q in cutlass.range_constexpr(8):
@@ -604,10 +666,34 @@ class GemvMma:
                     nbs[c * self.ngmax + j] = s * cutlass.Float32(-float(BIAS[self.bits]))
 
     @cute.jit
+    def _norm_records(self, xsd, xv, gv, k, ngr):
+        """xv (the thread's x records, T = 1) <- bf16(x * rsqrt(sum(x^2) / K + eps) * (1 + nw))."""
+        tidx, _, _ = cute.arch.thread_idx()
+        nss, eps = xsd[5], xsd[4]
+        n_rec = ngr * 4
+        ss = cutlass.Float32(0.0)
+        for it in cutlass.range_constexpr(self._rounds()):
+            if it * self.threads + tidx < n_rec:  # clamped duplicates do not count
+                for q in cutlass.range_constexpr(8):
+                    ss = ss + _bf16x2_sq(xv[q, it])
+        for sh in cutlass.range_constexpr(5):
+            ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << sh)
+        if tidx % 32 == 0:
+            nss[tidx // 32] = ss
+        cute.arch.sync_threads()
+        ss = cutlass.Float32(0.0)
+        for w in cutlass.range_constexpr(self.threads // 32):
+            ss = ss + nss[w]
+        rs = cute.math.rsqrt(ss / cutlass.Float32(k) + eps, fastmath=False)
+        for it in cutlass.range_constexpr(self._rounds()):
+            for q in cutlass.range_constexpr(8):
+                xv[q, it] = _norm_word(xv[q, it], gv[q, it], rs)
+
+    @cute.jit
     def _xs_lane(self, xsd, lane):
         """Shared addresses of this lane's B words (column min(g, T - 1), thread t; + 128 j) and of
         the -bias sums of its C columns 2t, 2t + 1 (+ 4 j)."""
-        mX, xsm, nbs = xsd
+        mX, xsm, nbs = xsd[0], xsd[1], xsd[2]
         t_rows = cute.size(mX, mode=[0])
         g, t = lane // 4, lane % 4
         rec = xsm.iterator.toint() + (cutlass.min(g, t_rows - 1) * self.ngmax * 4 + t) * 32

@@ -112,9 +112,9 @@ class GemvMmaSK(GemvMma):
     per warp in registers or (`cpa`) in a shared-memory ring, x for K <= kmax in shared memory."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
-                 ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False):
+                 ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
-                         xs=True, kmax=kmax)
+                         xs=True, kmax=kmax, norm=norm)
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
@@ -122,12 +122,14 @@ class GemvMmaSK(GemvMma):
 
     @cute.jit
     def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
-                 stream: cuda.CUstream):
-        self.kernel(mW, mX, mR, mY, mWs).launch(grid=(264, 1, 1), block=(self.threads, 1, 1), stream=stream,
-                                                min_blocks_per_mp=self.ctas, preferred_smem_carveout=-1)
+                 mN: cute.Tensor, eps, stream: cuda.CUstream):
+        self.kernel(mW, mX, mR, mY, mWs, mN, eps).launch(grid=(264, 1, 1), block=(self.threads, 1, 1),
+                                                         stream=stream, min_blocks_per_mp=self.ctas,
+                                                         preferred_smem_carveout=-1)
 
     @cute.kernel
-    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor):
+    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
+               mN: cute.Tensor, eps):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
@@ -144,8 +146,7 @@ class GemvMmaSK(GemvMma):
         b1 = cutlass.Int32(cutlass.Int64(wg + 1) * nblk // nwarps)
 
         smem = cutlass.memory.SmemAllocator()
-        xsm = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.cols * self.ngmax * 32,)), byte_alignment=16)
-        nbs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.cols * self.ngmax,)), byte_alignment=16)
+        xsd = self.xs_smem(smem, mX, mN, eps)
         ring0 = cutlass.Int32(0)
         if cutlass.const_expr(self.cpa):
             ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.warps * self.ring_slots * self.slot_bytes // 4,)),
@@ -154,7 +155,6 @@ class GemvMmaSK(GemvMma):
         cnt = mWs.iterator.toint()
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0)
-        xsd = (mX, xsm, nbs)
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
@@ -201,8 +201,11 @@ class GemvMmaSK(GemvMma):
             if lp == npairs:
                 lp = cutlass.Int32(0)
                 lu = lu + 1
+        gv = None
+        if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
+            gv = self.load_norm_w(xsd, k, ngr)
         cute.arch.griddepcontrol_wait()
-        self._stage_x(xsd, k, ngr)
+        self._stage_x(xsd, k, ngr, gv)
         cute.arch.sync_threads()
         xsr = self._xs_lane(xsd, lane)
         cute.arch.griddepcontrol_launch_dependents()

@@ -142,13 +142,13 @@ def test_nvfp4_gemv_launches_pass_the_launcher(artifact, tmp_path, monkeypatch):
     launchers: dict[str, gf.GemvNvfp4] = {}
     real_gemv = EmulatedOps.gemv
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False):
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, **kw):
         if fmt == "NVFP4":
             name = gf.variant_name(epilogue, 1)
             if name not in launchers:
                 launchers[name] = gf.GemvNvfp4(load(gf.gemv_nvfp4_variant(name)))
             launchers[name](w, x, y, n, k, 1, r=r)
-        real_gemv(self, fmt, epilogue, w, x, y, n, k, r, tiled)
+        real_gemv(self, fmt, epilogue, w, x, y, n, k, r, tiled, **kw)
 
     monkeypatch.setattr(gf, "launch", record)
     monkeypatch.setattr(EmulatedOps, "gemv", gemv)
@@ -305,10 +305,10 @@ def test_mixed_bf16_gemv_launches_pass_the_launcher(mixed_identity, mixed_artifa
 
     real_gemv = EmulatedOps.gemv
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False):
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, **kw):
         if fmt == "BF16":
             launcher(gb.variant_name(1, epilogue))(w, x, y, n, k, 1, r=r)
-        real_gemv(self, fmt, epilogue, w, x, y, n, k, r, tiled)
+        real_gemv(self, fmt, epilogue, w, x, y, n, k, r, tiled, **kw)
 
     monkeypatch.setattr(launchers, "launch", lambda k, grid, block, params, smem, stream: launches.append(
         (k.name, tuple(grid))))

@@ -64,10 +64,10 @@ def test_step_profile_lists_every_launch(ex):
         assert sum(t.launches for t in _kernels(times)) == per_step
         by_name = {t.kernel: t for t in times}
         n_gdn, n_attn = len(c.gdn_layers), len(c.attention_layers)
-        assert by_name["gemv_bf16_t1 gdn/a_b_projection"].launches == n_gdn
+        assert by_name["gemv_bf16_t1_n gdn/a_b_projection"].launches == n_gdn
         assert by_name["gdn_conv_step"].launches == n_gdn
         assert by_name["attn_decode+combine"].launches == 2 * n_attn
-        assert by_name["rmsnorm input_norm"].launches == c.n_layers
+        assert not [k for k in by_name if k.startswith("rmsnorm") and "final_norm" not in k]  # folded into GEMVs
         assert not [k for k in by_name if k.startswith("copy2d")]  # q and gate are read where the GEMVs wrote them
         assert by_name["embedding"].launches == 1
         assert any(k.endswith("text/output_head") for k in by_name)

@@ -209,7 +209,7 @@ def test_alternatives():
 def test_variant_table():
     names = {v.name for v in mv.GEMV_MMA_VARIANTS}
     # register-x K splits for every (format, epilogue, T), + T = 1 Q4-Q6: xs K splits and stream-K
-    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == 4 * 3 * 2 * len(mv.KW) + 3 * 3 * (len(mv.XS_KW) + 1)
+    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == 4 * 3 * 2 * len(mv.KW) + (3 * 3 + 3 * 2) * (len(mv.XS_KW) + 1)
     assert mv.variant_name("Q4G64_F16S", "swiglu", 1) == "gemv_mma_q4_t1_swiglu"
     assert mv.variant_name("W8G32_F16S", "residual", 2) == "gemv_mma_w8_t8_res"
     assert mv.variant_name("Q6G64_F16S", "plain", 8) == "gemv_mma_q6_t8"

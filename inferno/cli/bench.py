@@ -168,7 +168,8 @@ def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool, model: tup
 
     dev = {"kind": "cuda", "name": gpu.name, "arch": gpu.arch, "executor": "gpu",
            "cuda_graph": getattr(executor, "cuda_graph", None), "tiling": tiling_mode(),
-           "pdl": os.environ.get("INFERNO_PDL", "1") != "0", "branches": os.environ.get("INFERNO_BRANCHES", "1") != "0"}
+           "pdl": os.environ.get("INFERNO_PDL", "1") != "0", "branches": os.environ.get("INFERNO_BRANCHES", "1") != "0",
+           "fold_norm": os.environ.get("INFERNO_FOLD_NORM", "1") != "0"}
     return _Loaded(executor, limits, states, dev, settings, skipped, step_spans)
 
 
@@ -187,7 +188,7 @@ def _given(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-AB_SWITCHES = ("INFERNO_TILED", "INFERNO_PDL", "INFERNO_BRANCHES")  # environment A/B switches the command records
+AB_SWITCHES = ("INFERNO_TILED", "INFERNO_PDL", "INFERNO_BRANCHES", "INFERNO_FOLD_NORM")  # environment A/B switches the command records
 
 
 def _command(target, device, s, json_out, kernel_table, no_cuda_graph) -> str:
@@ -225,7 +226,7 @@ def bench(
 
     GPU A/B switches (environment): INFERNO_TILED=head|all (groupwise-int matrices in tile16-v1 for
     the tensor-core GEMV: the output head only, or every decode matrix), INFERNO_PDL=0,
-    INFERNO_BRANCHES=0.
+    INFERNO_BRANCHES=0, INFERNO_FOLD_NORM=0 (a separate RMSNorm launch before the GEMVs that read it).
     """
     if device not in DEVICES:
         raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")

@@ -19,12 +19,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.launch import launch
 from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import TensorArg
 from inferno.kernels.gemv_variants import EPILOGUES, FORMATS, gemv_args, gemv_tensors
-from inferno.kernels.registry import Tensor, Variant
+from inferno.kernels.launchers import _buf
+from inferno.kernels.registry import Scalar, Tensor, Variant
 from inferno.kernels.tiled import LAYOUT, tiled_geometry
 
 if TYPE_CHECKING:
@@ -55,6 +57,12 @@ def sk_wins(blocks: int, epilogue: str) -> bool:
     GDN and attention outputs), up to 131,072 (the output head's 620,800 stream best on xs kw 2)."""
     return (20000 if epilogue != "residual" else 12000) <= blocks <= 131072
 KMAX = 18432  # cute_kernels/gemv_mma.py KMAX: the longest K an xs kernel takes
+NORM_KMAX = 8192  # the `_n` members (K = hidden size): fewer staging registers per thread
+
+
+def kmax_for(norm: bool) -> int:
+    """The longest K a member with x in shared memory takes."""
+    return NORM_KMAX if norm else KMAX
 
 
 def stages_for(fmt: str, epilogue: str, xpre: bool = XPRE, xs: bool = False) -> int:
@@ -82,8 +90,9 @@ def k_split(m: int, k: int, epilogue: str = "plain", kws: tuple[int, ...] = KW) 
     return ks[i]
 
 
-def variant_name(fmt: str, epilogue: str = "plain", cols: int = 1) -> str:
-    """The family for `fmt` with `epilogue` that takes `cols` columns (T = 1, else 8)."""
+def variant_name(fmt: str, epilogue: str = "plain", cols: int = 1, norm: bool = False) -> str:
+    """The family for `fmt` with `epilogue` that takes `cols` columns (T = 1, else 8); `norm`: the
+    family that applies the zero-centred RMSNorm to x while staging it (`_n`, T = 1)."""
     if fmt not in FORMATS:
         raise LaunchError(f"no GEMV kernel for weight format {fmt!r}; formats: {', '.join(FORMATS)}")
     if epilogue not in EPILOGUES:
@@ -91,7 +100,16 @@ def variant_name(fmt: str, epilogue: str = "plain", cols: int = 1) -> str:
     t = next((c for c in COLS if c >= cols), None)
     if t is None or cols < 1:
         raise LaunchError(f"GEMV takes 1..{COLS[-1]} columns, got {cols}; split the batch")
-    return f"gemv_mma_{FORMATS[fmt][0]}_t{t}{EPILOGUES[epilogue]}"
+    if norm and (t != 1 or epilogue == "residual" or FORMATS[fmt][1] == 8):
+        raise LaunchError("the GEMV with the RMSNorm folded in is Q4-Q6, T = 1, plain or swiglu")
+    return f"gemv_mma_{FORMATS[fmt][0]}_t{t}{EPILOGUES[epilogue]}{'_n' if norm else ''}"
+
+
+def norm_tensors(norm: bool) -> tuple[Tensor | None, Scalar | None]:
+    """The norm arguments (weight bf16 [K], eps) of a `_n` member, else (None, None)."""
+    if not norm:
+        return None, None
+    return Tensor("nw", "bf16", ("K",), (1,)), Scalar("eps", "f32")
 
 
 def outs_per_cta(warps: int, kw: int, tiles: int) -> int:
@@ -99,14 +117,16 @@ def outs_per_cta(warps: int, kw: int, tiles: int) -> int:
 
 
 def make_variant(fmt: str, epilogue: str, cols: int, kw: int = 8, warps: int = WARPS, tiles: int = TILES,
-                 stages: int | None = None, xpre: bool = XPRE, xs: bool = False) -> Variant:
+                 stages: int | None = None, xpre: bool = XPRE, xs: bool = False, norm: bool = False) -> Variant:
     """Member `<family>_k<kw>`; a non-default warps/tiles/stages/xpre adds `_w<warps>_r<tiles>_p<stages>`
     (and `_xj`: x loaded when needed); x in shared memory adds `_xs_w<warps>_r<tiles>_p<stages>`."""
     _, bits, group = FORMATS[fmt]
     stages = stages or stages_for(fmt, epilogue, xpre, xs)
     if warps % kw:
         raise LaunchError(f"kw = {kw} must divide warps = {warps}")
-    name = f"{variant_name(fmt, epilogue, cols)}_k{kw}"
+    if norm and not xs:
+        raise LaunchError("the RMSNorm folds into the x-in-shared-memory members only")
+    name = f"{variant_name(fmt, epilogue, cols, norm)}_k{kw}"
     if xs:
         name += "_xs" + ("" if (warps, tiles, stages) == (WARPS, TILES, stages_for(fmt, epilogue, xs=True))
                          else f"_w{warps}_r{tiles}_p{stages}")
@@ -114,13 +134,14 @@ def make_variant(fmt: str, epilogue: str, cols: int, kw: int = 8, warps: int = W
         name += f"_w{warps}_r{tiles}_p{stages}" + ("" if xpre else "_xj")
     w, x, r, y = gemv_tensors(epilogue)
     what = {"plain": "y = W x", "residual": "y = r + W x",
-            "swiglu": "out = silu(W[:I] x) * (W[I:] x)"}[epilogue]
+            "swiglu": "out = silu(W[:I] x) * (W[I:] x)"}[epilogue] + (" (x RMS-normed)" if norm else "")
     return Variant(
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma", cls="GemvMma",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, kw=kw, tiles=tiles,
-                    stages=stages, xpre=xpre, **({"xs": True, "kmax": KMAX} if xs else {})),
+                    stages=stages, xpre=xpre, **({"xs": True, "kmax": kmax_for(norm)} if xs else {}),
+                    **({"norm": True} if norm else {})),
         archs=("sm_90a", "sm_120a"),
-        args=(w, x, r, y), grid=(f"cdiv(M, {outs_per_cta(warps, kw, tiles)})", "1", "1"),
+        args=(w, x, r, y, *norm_tensors(norm)), grid=(f"cdiv(M, {outs_per_cta(warps, kw, tiles)})", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
         pdl=True,
         summary=f"{what}, W {fmt} {LAYOUT}, x bf16 [T<={cols}, K], mma.sync bf16, fp32 accumulate, "
@@ -151,7 +172,7 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = SK_WARPS, cpa: bool = True) -> Variant:
+                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False) -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
     SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`."""
     _, bits, group = FORMATS[fmt]
@@ -160,7 +181,7 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
     key = (FORMATS[fmt][0], epilogue == "swiglu")
     default = SK_STAGES[key] if cpa else REG_SK_STAGES[key]
     stages = stages or default
-    name = f"{variant_name(fmt, epilogue, cols)}_sk"
+    name = f"{variant_name(fmt, epilogue, cols, norm)}_sk"
     if not cpa:
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
@@ -170,12 +191,12 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
     return Variant(
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
-                    kmax=KMAX, sk=True, cpa=cpa),
+                    kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
-        args=(w, x, r, y, ws), grid=(f"SMS * {ctas}", "1", "1"),
+        args=(w, x, r, y, ws, *norm_tensors(norm)), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
         pdl=True,
-        summary=f"stream-K {epilogue} GEMV, W {fmt} {LAYOUT}, x bf16 [1, K <= {KMAX}] in shared memory, "
+        summary=f"stream-K {epilogue} GEMV, W {fmt} {LAYOUT}, x bf16 [1, K <= {kmax_for(norm)}] in shared memory, "
                 f"{'weights through a cp.async ring, ' if cpa else ''}mma.sync bf16, fp32 accumulate, "
                 "self-cleaning workspace",
     )
@@ -220,16 +241,18 @@ def xs_variants(fmt: str, epilogue: str, cols: int) -> list[Variant]:
             + [make_variant(fmt, epilogue, cols, 4, stages=s, xs=True) for s in (base - 1, base + 1) if s >= 2])
 
 
-def t1_fast_members(fmt: str, epilogue: str) -> list[Variant]:
-    """The T = 1 family's x-in-shared-memory and stream-K members (Q4-Q6; none for W8)."""
-    if FORMATS[fmt][1] == 8:
+def t1_fast_members(fmt: str, epilogue: str, norm: bool = False) -> list[Variant]:
+    """The T = 1 family's x-in-shared-memory and stream-K members (Q4-Q6; none for W8); `norm`: those of
+    the family with the RMSNorm folded in (plain and swiglu: the GEMVs that read a norm's output)."""
+    if FORMATS[fmt][1] == 8 or (norm and epilogue == "residual"):
         return []
-    return [make_variant(fmt, epilogue, 1, kw, xs=True) for kw in XS_KW] + [make_sk_variant(fmt, epilogue)]
+    return ([make_variant(fmt, epilogue, 1, kw, xs=True, norm=norm) for kw in XS_KW]
+            + [make_sk_variant(fmt, epilogue, norm=norm)])
 
 
 GEMV_MMA_VARIANTS: tuple[Variant, ...] = tuple(
     [make_variant(fmt, epi, cols, kw) for fmt in FORMATS for epi in EPILOGUES for cols in COLS for kw in KW]
-    + [v for fmt in FORMATS for epi in EPILOGUES for v in t1_fast_members(fmt, epi)])
+    + [v for norm in (False, True) for fmt in FORMATS for epi in EPILOGUES for v in t1_fast_members(fmt, epi, norm)])
 _BY_NAME = {v.name: v for v in GEMV_MMA_VARIANTS}
 
 
@@ -269,11 +292,12 @@ class GemvMma:
             (self.xs_by_kw if c.get("xs") else self.by_kw)[c["kw"]] = (lk, outs)
         c = loaded[0].manifest.config
         self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
-        if any(lk.manifest.config[f] != c[f] for lk in loaded for f in ("bits", "group", "cols", "epilogue")):
+        self.norm = bool(c.get("norm"))
+        if any(lk.manifest.config.get(f) != c.get(f) for lk in loaded
+               for f in ("bits", "group", "cols", "epilogue", "norm")):
             raise LaunchError("GemvMma: the kernels are not members of one family")
-        self.name = variant_name(next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (self.bits, self.group)),
-                                 self.epilogue, self.cols)
         self.fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (self.bits, self.group))
+        self.name = variant_name(self.fmt, self.epilogue, self.cols, self.norm)
 
     @classmethod
     def load(cls, name: str, device: "Device | None" = None) -> "GemvMma":
@@ -290,12 +314,13 @@ class GemvMma:
     def member(self, m: int, k: int) -> "tuple[Any, int] | GemvMmaSK":
         """The stream-K launcher, or (loaded kernel, outputs per CTA), for m outputs and K = k."""
         blocks = -(-m // 16) * (-(-k // 128))
-        if k <= KMAX and self.sk is not None and sk_wins(blocks, self.epilogue):
+        kmax = kmax_for(self.norm)
+        if k <= kmax and self.sk is not None and sk_wins(blocks, self.epilogue):
             return self.sk
-        if k <= KMAX and self.xs_by_kw:
+        if k <= kmax and self.xs_by_kw:
             return self.xs_by_kw[2 if -(-m // 16) >= XS_KW2_UNITS and 2 in self.xs_by_kw else max(self.xs_by_kw)]
         if not self.by_kw:
-            raise LaunchError(f"{self.name}: no loaded member takes K = {k} (x in shared memory holds K <= {KMAX})")
+            raise LaunchError(f"{self.name}: no loaded member takes K = {k} (x in shared memory holds K <= {kmax})")
         return self.by_kw[k_split(m, k, self.epilogue, tuple(self.by_kw))]
 
     def free(self) -> None:
@@ -304,14 +329,17 @@ class GemvMma:
             self.sk.free()
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
-                 r: DeviceBuffer | None = None, stream: Any = None) -> None:
-        """W is [n, k] in tile16-v1 (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16."""
+                 r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
+                 stream: Any = None) -> None:
+        """W is [n, k] in tile16-v1 (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16;
+        `norm` = (weight bf16 [k], eps) for a `_n` family: x is RMS-normed while it is staged."""
         m, args = gemv_args(self.name, self.cols, self.epilogue, lambda n, k: _tiled_bytes(self.fmt, n, k),
                             w, x, y, n, k, cols, r)
         pick = self.member(m, k)
         if isinstance(pick, GemvMmaSK):
-            pick(w, x, y, n, k, cols, r=r, stream=stream)
+            pick(w, x, y, n, k, cols, r=r, norm=norm, stream=stream)
             return
+        args += norm_args(self.name, self.norm, norm, k)
         lk, outs = pick
         mf = lk.manifest
         if mf.config.get("xs") and k > mf.config["kmax"]:
@@ -334,7 +362,9 @@ class GemvMmaSK:
         self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
         self.fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (self.bits, self.group))
         self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
+        self.norm = bool(c.get("norm"))
         self._ws: dict[tuple[int, int], DeviceBuffer] = {}
+
 
     def workspace(self, y: DeviceBuffer, nbytes: int) -> DeviceBuffer:
         from inferno.cuda.copy import memset_d8
@@ -352,34 +382,50 @@ class GemvMmaSK:
             ws.free()
         self._ws.clear()
 
+    def grid(self, m: int, k: int) -> int:
+        """CTAs of a launch for m outputs and K = k."""
+        blocks = -(-m // 16) * (-(-k // 128))
+        return max(1, min(self.loaded.sm_count * self.ctas, -(-blocks // (self.warps * SK_MIN_BLOCKS))))
+
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
-                 r: DeviceBuffer | None = None, stream: Any = None) -> None:
+                 r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
+                 stream: Any = None) -> None:
         if k > self.kmax:
             raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
         m, args = gemv_args(self.name, self.cols, self.epilogue, lambda n, k: _tiled_bytes(self.fmt, n, k),
                             w, x, y, n, k, cols, r)
         nbytes = sk_workspace_bytes(m, n, self.cols)
         args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
-        blocks = -(-m // 16) * (-(-k // 128))
-        grid = max(1, min(self.loaded.sm_count * self.ctas, -(-blocks // (self.warps * SK_MIN_BLOCKS))))
+        args += norm_args(self.name, self.norm, norm, k)
         mf = self.loaded.manifest
-        launch(self.loaded.kernel, (grid, 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
+        launch(self.loaded.kernel, (self.grid(m, k), 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
+
+
+def norm_args(name: str, has_norm: bool, norm: "tuple[DeviceBuffer, float] | None", k: int) -> list:
+    """The checked (weight, eps) arguments of a `_n` member, [] otherwise."""
+    if has_norm != (norm is not None):
+        raise LaunchError(f"kernel {name}: pass norm=(weight, eps) exactly for a `_n` (RMSNorm folded) family")
+    if norm is None:
+        return []
+    nw, eps = norm
+    return [TensorArg(_buf(nw, "nw", name, k * 2), (k,)), float(eps)]
 
 
 def family_members(name: str) -> list[str]:
     """Member names of a family name (its register-x K splits, and for T = 1 Q4-Q6 the xs and stream-K
-    members), or [name] for a member name."""
+    members; a `_n` family has only the latter), or [name] for a member name."""
     if name in _BY_NAME:
         return [name]
     fast = [v.name for v in GEMV_MMA_VARIANTS if v.name.startswith(name + "_") and
             (v.config.get("xs") or v.config.get("sk")) and _family_of(v) == name]
-    return [f"{name}_k{kw}" for kw in KW] + fast
+    regs = [] if name.endswith("_n") else [f"{name}_k{kw}" for kw in KW]
+    return regs + fast
 
 
 def _family_of(v: Variant) -> str:
     c = v.config
     fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (c["bits"], c["group"]))
-    return variant_name(fmt, c["epilogue"], c["cols"])
+    return variant_name(fmt, c["epilogue"], c["cols"], bool(c.get("norm")))
 
 
 def build(out_dir: str, archs: tuple[str, ...] = ("sm_90a",), names: tuple[str, ...] | None = None) -> None:

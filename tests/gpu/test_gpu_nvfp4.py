@@ -175,7 +175,8 @@ def test_mixed_bf16_nvfp4_greedy_matches_reference(mixed_artifact):
 
         kinds = gemv_kinds(ex.plan.placements)
         assert {("BF16", "plain", False), ("BF16", "residual", False), ("NVFP4", "swiglu", False)} <= kinds, kinds
-        assert {"gemv_bf16_t1", "gemv_bf16_t1_res"} <= set(ex.ops._gemv), sorted(ex.ops._gemv)
+        assert "gemv_bf16_t1_res" in ex.ops._gemv, sorted(ex.ops._gemv)  # plain ones: `_n` where the norm folds
+        assert {"gemv_bf16_t1", "gemv_bf16_t1_n"} & set(ex.ops._gemv), sorted(ex.ops._gemv)
         for length in (10, 100):
             run_greedy(mixed_artifact, ref, ex, length)
     finally:

@@ -43,11 +43,11 @@ def weights(fmt, n, k, rng):
     return _weights[key]
 
 
-def run_case(device, rng, fmt, epilogue, n, k, cols, kern=None):
-    kern = kern or mv.GemvMma.load(mv.variant_name(fmt, epilogue, cols), device)
+def run_case(device, rng, fmt, epilogue, n, k, cols, kern=None, norm=False):
+    kern = kern or mv.GemvMma.load(mv.variant_name(fmt, epilogue, cols, norm), device)
     pay, dw = weights(fmt, n, k, rng)
     check_gemv(kern, dw, epilogue, n, k, cols, rng,
-               lambda x, r, outs: ql.reference(fmt, pay, n, k, x, epilogue, r, outs))
+               lambda x, r, outs: ql.reference(fmt, pay, n, k, x, epilogue, r, outs), norm=norm)
 
 
 @pytest.mark.parametrize("cols", COLS)
@@ -145,6 +145,26 @@ def test_fast_members(device, rng, fmt):
     for v in vs[:3]:
         with pytest.raises(LaunchError, match=r"K <= \d+"):
             run_case(device, rng, fmt, v.config["epilogue"], 64, mv.KMAX + 128, 1, _fast_launcher(v, device))
+
+
+NORM_CASES = (("plain", 300, 2048), ("plain", *RAGGED), ("plain", 17, 136), ("plain", *VALUE_Z),
+              ("plain", *QUERY_KEY), ("swiglu", *RAGGED), ("swiglu", 34, 136), ("swiglu", *GATE_UP))
+
+
+@pytest.mark.parametrize("fmt", FORMATS[:3])
+def test_norm_members(device, rng, fmt):
+    """The `_n` members (RMSNorm of x folded into its staging) match norm-then-GEMV in numpy on small,
+    ragged and 27B shapes; the family launcher picks them by shape like the plain family and refuses
+    a call without the norm or past their shared x."""
+    for epi, n, k in NORM_CASES:
+        for v in mv.t1_fast_members(fmt, epi, norm=True):
+            run_case(device, rng, fmt, epi, n, k, 1, _fast_launcher(v, device), norm=True)
+        run_case(device, rng, fmt, epi, n, k, 1, norm=True)  # the family's pick
+    fam = mv.GemvMma.load(mv.variant_name(fmt, "plain", 1, norm=True), device)
+    with pytest.raises(LaunchError, match="norm="):
+        run_case(device, rng, fmt, "plain", 64, 256, 1, fam)
+    with pytest.raises(LaunchError, match=r"K <= \d+"):
+        run_case(device, rng, fmt, "plain", 64, mv.NORM_KMAX + 128, 1, fam, norm=True)
 
 
 @pytest.mark.parametrize("fmt", FORMATS[:3])

@@ -18,7 +18,7 @@ from ml_dtypes import bfloat16
 from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.kernels.qlayout import dequant_rows
-from inferno.model.gpu.ops import AttnGeometry
+from inferno.model.gpu.ops import AttnGeometry, fold_norms, folds_norm_shape
 from inferno.model.gpu.residency import ALIGN, align_up
 from inferno.model.reference.norms import rms_norm, sigmoid, silu, softplus
 from inferno.model.reference.rope import apply_rope
@@ -28,9 +28,12 @@ PAGE = 64
 
 
 class EmulatedOps:
-    """`Ops` over `capacity` bytes of host memory; work runs immediately (one in-order 'stream')."""
+    """`Ops` over `capacity` bytes of host memory; work runs immediately (one in-order 'stream').
+    The GEMVs take the RMSNorm of their input as the GPU's `_n` kernels do (`folds_norm`), unless
+    $INFERNO_FOLD_NORM=0."""
 
     def __init__(self, capacity: int):
+        self.fold_norms = fold_norms()
         self.mem = np.zeros(capacity + ALIGN, np.uint8)
         self.capacity = capacity
         self.top = 0
@@ -132,10 +135,21 @@ class EmulatedOps:
             m = self._dequant[key] = dequant_rows(fmt, payload, n, k).astype(np.float32)
         return m
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False) -> None:
+    def folds_norm(self, fmt, epilogue, tiled, k) -> bool:
+        """As on the GPU (the shapes the `_n` kernels cover)."""
+        return self.fold_norms and folds_norm_shape(fmt, epilogue, tiled, k)
+
+    def _x(self, x, k, norm):
+        """x as the GEMV reads it: RMS-normed (bf16, as the kernel stages it) when `norm` is given."""
+        xv = self._get(x, bfloat16, k)
+        if norm is None:
+            return xv
+        return rms_norm(xv, self._get(norm[0], bfloat16, k), norm[1]).astype(bfloat16).astype(np.float32)
+
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None) -> None:
         self.launches += 1
         wm = self._weights(fmt, w, n, k, tiled)
-        xv = self._get(x, bfloat16, k)
+        xv = self._x(x, k, norm)
         if epilogue == "swiglu":
             m = n // 2
             out = silu(wm[:m] @ xv) * (wm[m:] @ xv)
@@ -145,9 +159,9 @@ class EmulatedOps:
                 out = out + self._get(r, bfloat16, n)
         self._put(y, out)
 
-    def linear_bf16(self, x, w, y, n, k) -> None:
+    def linear_bf16(self, x, w, y, n, k, norm=None) -> None:
         self.launches += 1
-        self._put(y, self._get(w, bfloat16, n * k).reshape(n, k) @ self._get(x, bfloat16, k))
+        self._put(y, self._get(w, bfloat16, n * k).reshape(n, k) @ self._x(x, k, norm))
 
     def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
                       k_heads, v_heads, n_slots, eps) -> None:

@@ -1,6 +1,8 @@
 """The launch sequence of one decode token (batch 1), written against `Ops`.
 
-Per layer, with x the residual stream (bf16) and `normed` the norm output:
+Per layer, with x the residual stream (bf16) and `normed` the norm output (computed by the GEMVs
+that read it while they stage x, when every one of them can: `Ops.folds_norm`; else one rmsnorm
+launch into ws['normed']):
 
     normed = rmsnorm(x, input_norm)
     GDN:   [q|k] = Wqk normed; [v|z] = Wvz normed (one buffer: q|k|v is the conv input, z after it)
@@ -25,7 +27,7 @@ from collections.abc import Callable
 
 from inferno.cuda.memory import DeviceBuffer
 from inferno.model.config import ModelConfig
-from inferno.model.gpu.ops import AttnGeometry, Ops
+from inferno.model.gpu.ops import AttnGeometry, Norm, Ops
 from inferno.model.gpu.residency import BF16, I32, STEP_HEADER, ResidencyPlan
 from inferno.model.gpu.state import DeviceStates
 from inferno.model.gpu.weights import DeviceTensor
@@ -50,6 +52,7 @@ class DecodeProgram:
                                  plan.kv.pages_per_seq, plan.kv.n_pages, plan.attn_splits)
         self.n_slots = plan.gdn.slots
         ops.zero(self.ws["gdn_sync"])  # the fused conv+step leaves its counters at zero after every call
+
 
     @property
     def step_words(self) -> int:
@@ -81,36 +84,49 @@ class DecodeProgram:
         """The index of the largest logit (int32) into ws['argmax']."""
         self.ops.argmax(self.ws["logits"], self.ws["argmax"], self.c.vocab)
 
+    def _input_readers(self, i: int) -> list[str]:
+        """The weights of layer i's GEMVs that read its input norm (plain GEMVs)."""
+        p = f"text/layers/{i}/"
+        if self.c.layer_types[i] == "full_attention":
+            return [p + "attention/query_key", p + "attention/gate_value"]
+        return [p + "gdn/query_key", p + "gdn/value_z", p + "gdn/a_b_projection"]
+
+    def _normed(self, x: str, norm: str, readers: list[str],
+                epilogue: str = "plain") -> tuple[DeviceBuffer, Norm | None]:
+        """(input, norm=) for the GEMVs (`epilogue`) of weights `readers` that read rmsnorm(ws[x], weight
+        `norm`): ws[x] and the norm when they all fold it, else ws['normed'] after one rmsnorm launch."""
+        c, ws = self.c, self.ws
+        if all(self.ops.folds_norm(self.w[r].fmt, epilogue, self.w[r].tiled, c.hidden) for r in readers):
+            return ws[x], (self.w[norm].buf, c.rms_eps)
+        self.ops.rmsnorm(ws[x], self.w[norm].buf, ws["normed"], c.hidden, c.rms_eps)
+        return ws["normed"], None
+
     def layer(self, i: int) -> None:
         c, ws, ops = self.c, self.ws, self.ops
         p = f"text/layers/{i}/"
         w = self.w
-        ops.rmsnorm(ws["x"], w[p + "input_norm"].buf, ws["normed"], c.hidden, c.rms_eps)
-        if c.layer_types[i] == "full_attention":
-            self._attention(i, p)
-            out = w[p + "attention/output"]
-        else:
-            self._gdn(i, p)
-            out = w[p + "gdn/output"]
+        mixer = "attention" if c.layer_types[i] == "full_attention" else "gdn"
+        out, gu, down = w[p + mixer + "/output"], w[p + "mlp/gate_up"], w[p + "mlp/down"]
+        x, norm = self._normed("x", p + "input_norm", self._input_readers(i))
+        (self._attention if mixer == "attention" else self._gdn)(i, p, x, norm)
         ops.gemv(out.fmt, "residual", out.buf, ws["mix_out"], ws["x_mid"], c.hidden, out.shape[1], r=ws["x"],
                  tiled=out.tiled)
-        ops.rmsnorm(ws["x_mid"], w[p + "post_attention_norm"].buf, ws["normed"], c.hidden, c.rms_eps)
-        gu, down = w[p + "mlp/gate_up"], w[p + "mlp/down"]
-        ops.gemv(gu.fmt, "swiglu", gu.buf, ws["normed"], ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled)
+        x, norm = self._normed("x_mid", p + "post_attention_norm", [p + "mlp/gate_up"], "swiglu")
+        ops.gemv(gu.fmt, "swiglu", gu.buf, x, ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled, norm=norm)
         ops.gemv(down.fmt, "residual", down.buf, ws["act"], ws["x"], c.hidden, down.shape[1], r=ws["x_mid"],
                  tiled=down.tiled)
 
-    def _gdn(self, i: int, p: str) -> None:
+    def _gdn(self, i: int, p: str, x: DeviceBuffer, norm: Norm | None) -> None:
         c, ws, ops, w = self.c, self.ws, self.ops, self.w
         kw, vw, hv = c.gdn_key_width, c.gdn_value_width, c.gdn_v_heads
         qk, vz, ab = w[p + "gdn/query_key"], w[p + "gdn/value_z"], w[p + "gdn/a_b_projection"]
         mix = ws["mix_in"]
         with ops.side():  # the small projections overlap the large value_z GEMV
-            ops.linear_bf16(ws["normed"], ab.buf, ws["ab"], 2 * hv, c.hidden)
-            ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden,
-                     tiled=qk.tiled)
-        ops.gemv(vz.fmt, "plain", vz.buf, ws["normed"], mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden,
-                 tiled=vz.tiled)
+            ops.linear_bf16(x, ab.buf, ws["ab"], 2 * hv, c.hidden, norm=norm)
+            ops.gemv(qk.fmt, "plain", qk.buf, x, mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden, tiled=qk.tiled,
+                     norm=norm)
+        ops.gemv(vz.fmt, "plain", vz.buf, x, mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden,
+                 tiled=vz.tiled, norm=norm)
         ops.join()
         ops.gdn_conv_step(mix.view(0, c.conv_dim * BF16), self.states.conv[i], w[p + "gdn/convolution"].buf,
                           mix.view(c.conv_dim * BF16, vw * BF16), ws["ab"].view(0, hv * BF16),
@@ -118,16 +134,16 @@ class DecodeProgram:
                           w[p + "gdn/norm"].buf, self.states.recurrent[i], self.slots, ws["gdn_sync"],
                           ws["mix_out"], c.gdn_k_heads, hv, self.n_slots, c.rms_eps)
 
-    def _attention(self, i: int, p: str) -> None:
+    def _attention(self, i: int, p: str, x: DeviceBuffer, norm: Norm | None) -> None:
         c, ws, ops, w, g = self.c, self.ws, self.ops, self.w, self.attn
         d = c.head_dim
         qw, kvw = c.n_heads * d, c.n_kv_heads * d
         qk, gv = w[p + "attention/query_key"], w[p + "attention/gate_value"]
         mix, gate_value = ws["mix_in"], ws["gate_value"]
         with ops.side():
-            ops.gemv(gv.fmt, "plain", gv.buf, ws["normed"], gate_value, qw + kvw, c.hidden, tiled=gv.tiled)
-        ops.gemv(qk.fmt, "plain", qk.buf, ws["normed"], mix.view(0, (qw + kvw) * BF16), qw + kvw, c.hidden,
-                 tiled=qk.tiled)
+            ops.gemv(gv.fmt, "plain", gv.buf, x, gate_value, qw + kvw, c.hidden, tiled=gv.tiled, norm=norm)
+        ops.gemv(qk.fmt, "plain", qk.buf, x, mix.view(0, (qw + kvw) * BF16), qw + kvw, c.hidden, tiled=qk.tiled,
+                 norm=norm)
         ops.join()
         # the kernels read q, k, gate, v where the GEMVs wrote them (head h at h * d)
         q_proj, k = mix.view(0, qw * BF16), mix.view(qw * BF16, kvw * BF16)

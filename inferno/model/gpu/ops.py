@@ -21,7 +21,7 @@ import numpy as np
 
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
-from inferno.errors import NotBuiltError
+from inferno.errors import InfernoError, NotBuiltError
 from inferno.model.config import ModelConfig
 
 
@@ -38,6 +38,30 @@ class AttnGeometry:
     pages_per_seq: int  # page-table width
     n_pages: int  # pages in each layer's pool
     splits: int  # split-K partitions of the decode kernel
+
+
+Norm = tuple[DeviceBuffer, float]  # (zero-centred RMSNorm weight bf16 [k], eps) a GEMV applies to x first
+
+FOLD_NORM_ENV = "INFERNO_FOLD_NORM"  # 0: a separate rmsnorm launch before the GEMVs (A/B)
+
+
+def folds_norm_shape(fmt: str, epilogue: str, tiled: bool, k: int) -> bool:
+    """Whether a `_n` kernel family covers this GEMV: tensor-core Q4-Q6 (tile16-v1) plain or swiglu with
+    K <= NORM_KMAX, or bf16 plain."""
+    from inferno.kernels import gemv_mma_variants as M
+
+    if fmt == "BF16":
+        return epilogue == "plain"
+    return (tiled and epilogue in ("plain", "swiglu") and fmt in M.FORMATS and M.FORMATS[fmt][1] != 8
+            and k <= M.NORM_KMAX)
+
+
+def fold_norms() -> bool:
+    """The A/B switch $INFERNO_FOLD_NORM (on unless 0), read when the operations are made."""
+    import os
+
+    return os.environ.get(FOLD_NORM_ENV, "1") != "0"
+
 
 
 class Ops(Protocol):
@@ -57,8 +81,11 @@ class Ops(Protocol):
     def embedding(self, ids: DeviceBuffer, table: DeviceBuffer, out: DeviceBuffer, vocab: int, hidden: int) -> None: ...
     def rmsnorm(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, eps: float) -> None: ...
     def gemv(self, fmt: str, epilogue: str, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
-             r: DeviceBuffer | None = None, tiled: bool = False) -> None: ...  # tiled: w in tile16-v1
-    def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int) -> None: ...
+             r: DeviceBuffer | None = None, tiled: bool = False,
+             norm: Norm | None = None) -> None: ...  # tiled: w in tile16-v1; norm: x is RMS-normed first
+    def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
+                    norm: Norm | None = None) -> None: ...
+    def folds_norm(self, fmt: str, epilogue: str, tiled: bool, k: int) -> bool: ...  # gemv / linear_bf16 take norm=
     def gdn_conv_step(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, z: DeviceBuffer,
                       a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer, dt_bias: DeviceBuffer,
                       norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer, sync: DeviceBuffer,
@@ -106,6 +133,8 @@ class CudaOps:
         from inferno.kernels.registry import get, variants
 
         dev = self.device
+        self.fold_norms = fold_norms()
+
         def width(v) -> int:  # the widest row a norm variant holds (launchers.RMSNorm.max_n)
             return v.config.get("threads_per_row", 0) * v.config.get("chunks", 0) * 8
 
@@ -141,17 +170,19 @@ class CudaOps:
             self._attn_decode = A.AttnDecode(load(decode, dev))
             self._attn_combine = A.AttnCombine(load(A.COMBINE, dev))
 
-    def _gemv_launcher(self, fmt: str, epilogue: str, tiled: bool = False) -> Any:
+    def _gemv_launcher(self, fmt: str, epilogue: str, tiled: bool = False, norm: bool = False) -> Any:
         from inferno.kernels import gemv_nvfp4_variants as F
         from inferno.kernels.cache import load
         from inferno.kernels.gemv_variants import GemvQ, gemv_variant, variant_name
 
         if fmt == "BF16":
-            return self._gemv_bf16_launcher(epilogue)
+            return self._gemv_bf16_launcher(epilogue, norm)
+        if norm and not tiled:
+            raise LaunchError(f"no GEMV with the RMSNorm folded in for {fmt} in its row-split layout")
         if tiled:  # groupwise-int in tile16-v1: the tensor-core GEMV
             from inferno.kernels import gemv_mma_variants as M
 
-            name = M.variant_name(fmt, epilogue, 1)
+            name = M.variant_name(fmt, epilogue, 1, norm)
             g = self._gemv.get(name)
             if g is None:
                 g = self._gemv[name] = M.GemvMma.load(name, self.device)
@@ -165,13 +196,14 @@ class CudaOps:
                 g = self._gemv[name] = GemvQ(load(gemv_variant(name), self.device))
         return g
 
-    def _gemv_bf16_launcher(self, epilogue: str) -> Any:
-        """The bf16 GEMV with `epilogue` (BF16 matrices of mixed identities such as nvfp4)."""
+    def _gemv_bf16_launcher(self, epilogue: str, norm: bool = False) -> Any:
+        """The bf16 GEMV with `epilogue` (BF16 matrices of mixed identities such as nvfp4), or (`norm`) the
+        one with the RMSNorm folded in (plain only)."""
         from inferno.kernels.cache import load
         from inferno.kernels.gemv_bf16_variants import GemvBf16, variant_name
         from inferno.kernels.registry import get
 
-        name = variant_name(1, epilogue)
+        name = variant_name(1, epilogue, norm)
         g = self._gemv.get(name)
         if g is None:
             g = self._gemv[name] = GemvBf16(load(get(name), self.device))
@@ -276,11 +308,29 @@ class CudaOps:
     def rmsnorm(self, x, w, y, n, eps) -> None:
         self._rmsnorm(x, w, y, 1, n, eps, stream=self.stream)
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False) -> None:
-        self._gemv_launcher(fmt, epilogue, tiled)(w, x, y, n, k, 1, r=r, stream=self.stream)
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None) -> None:
+        g = self._gemv_launcher(fmt, epilogue, tiled, norm is not None)
+        if norm is None:
+            g(w, x, y, n, k, 1, r=r, stream=self.stream)
+        else:
+            g(w, x, y, n, k, 1, r=r, norm=norm, stream=self.stream)
 
-    def linear_bf16(self, x, w, y, n, k) -> None:
-        self._gemv_bf16(w, x, y, n, k, 1, stream=self.stream)
+    def linear_bf16(self, x, w, y, n, k, norm=None) -> None:
+        if norm is None:
+            self._gemv_bf16(w, x, y, n, k, 1, stream=self.stream)
+        else:
+            self._gemv_bf16_launcher("plain", True)(w, x, y, n, k, 1, norm=norm, stream=self.stream)
+
+    def folds_norm(self, fmt, epilogue, tiled, k) -> bool:
+        """Whether the GEMV of (fmt, epilogue, tiled) at K = k takes norm= on this device (tensor-core Q4-Q6
+        plain / swiglu and bf16 plain, with their `_n` kernels built), unless $INFERNO_FOLD_NORM=0."""
+        if not self.fold_norms or not folds_norm_shape(fmt, epilogue, tiled, k):
+            return False
+        try:
+            self._gemv_launcher(fmt, epilogue, tiled, True)
+        except InfernoError:
+            return False
+        return True
 
     def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
                       k_heads, v_heads, n_slots, eps) -> None:

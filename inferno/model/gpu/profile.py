@@ -43,7 +43,8 @@ from inferno.model.config import ModelConfig
 
 BF16, F32, I32 = 2, 4, 4
 BLOCKING = frozenset({"upload", "download", "synchronize", "close"})  # host waits for the stream
-UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join"})  # not device work (side/join: stream fork and join)
+UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm"})  # not device work
+# (side / join: stream fork and join; folds_norm: a question about the kernels)
 HOST_COPIES = frozenset({"write", "read"})  # queued, timed, but never behind a held stream
 OPS_ATTRS = ("ops", "pops")  # where the executor and its programs hold device operations (Ops, PrefillOps)
 
@@ -228,6 +229,7 @@ class RecordingOps:
         self.ops, self.c, self.dtypes, self.step_buffer, self.timer = ops, config, dtypes, step_buffer, timer
         self.records: list[tuple[str, Any, Work]] = []
         self.length = 0  # attended tokens of the current step (from the step inputs the host queues)
+        self._norms: set[int] = set()  # norm weights a GEMV with the norm folded in has read (counted once)
 
     def sibling(self, ops: Any) -> RecordingOps:
         """A RecordingOps over another operations object (the prefill kernels) into the same recording."""
@@ -284,22 +286,32 @@ class RecordingOps:
     def _w_rmsnorm(self, x, w, y, n, eps):
         return f"rmsnorm {role(w)}", Work(3 * n * BF16, fixed=n * BF16)
 
-    def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False):
+    def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None):
         m = n // 2 if epilogue == "swiglu" else n
         if tiled:
             from inferno.kernels.gemv_mma_variants import variant_name
             from inferno.kernels.tiled import tiled_geometry
 
-            weights, name = tiled_geometry(fmt, n, k).nbytes, variant_name(fmt, epilogue, 1)
+            weights, name = tiled_geometry(fmt, n, k).nbytes, variant_name(fmt, epilogue, 1, norm is not None)
         else:
             weights, name = payload_nbytes(fmt, n, k), gemv_variant(fmt, epilogue)
+        weights += self._norm_bytes(norm, k)
         act = (k + m + (m if r is not None else 0)) * BF16
         return f"{name} {role(w)}", Work(weights + act, 2 * n * k, fixed=weights)
 
-    def _w_linear_bf16(self, x, w, y, n, k):
+    def _w_linear_bf16(self, x, w, y, n, k, norm=None):
         from inferno.kernels.gemv_bf16_variants import variant_name
 
-        return f"{variant_name(1)} {role(w)}", Work((n * k + k + n) * BF16, 2 * n * k, fixed=n * k * BF16)
+        weights = n * k * BF16 + self._norm_bytes(norm, k)
+        return (f"{variant_name(1)}{'_n' if norm is not None else ''} {role(w)}",
+                Work(weights + (k + n) * BF16, 2 * n * k, fixed=weights))
+
+    def _norm_bytes(self, norm, k: int) -> int:
+        """The folded norm's weight bytes, counted by the first GEMV of the recording that reads it."""
+        if norm is None or norm[0].ptr in self._norms:
+            return 0
+        self._norms.add(norm[0].ptr)
+        return k * BF16
 
     def _w_gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
                          k_heads, v_heads, n_slots, eps):
