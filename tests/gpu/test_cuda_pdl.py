@@ -6,11 +6,11 @@ import pytest
 
 from inferno.cuda import Stream
 from inferno.cuda.copy import from_device, memset_d8, to_device
-from inferno.cuda.graph import Graph
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import reference as ref
 from inferno.kernels.launchers import RMSNorm
 from inferno.kernels.reference import bf16
+from stream_run import run_queued
 
 N, LINKS = 5120, 48
 
@@ -32,17 +32,7 @@ def test_pdl_chain_sees_predecessor(device, graph):
         def chain():
             for i in range(LINKS):
                 k(bufs[i], dw, bufs[i + 1], 1, N, 1e-6, stream=stream)
-        if graph:
-            with Graph.capture(stream) as g:
-                chain()
-            ge = g.instantiate()
-            ge.launch(stream)
-            stream.synchronize()
-            ge.close()
-            g.close()
-        else:
-            chain()
-            stream.synchronize()
+        run_queued(stream, chain, graph)
         want = x
         for _ in range(LINKS):
             want = ref.rmsnorm(want, w, 1e-6).astype(bf16)

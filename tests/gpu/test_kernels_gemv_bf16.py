@@ -16,6 +16,7 @@ from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import device_alloc
 from inferno.kernels.gemv_bf16_variants import GemvBf16
 from inferno.kernels.reference import BF16_TOL, bf16, rel_error
+from stream_run import run_queued
 
 AB, HEAD, RAGGED, TINY = (96, 5120), (12288, 5120), (1003, 200), (5, 8)
 WIDE = (300, 8200)  # past the 5 chunks per thread staged before the PDL wait at T = 1
@@ -204,7 +205,6 @@ def test_norm_pdl_chain_sees_predecessor(device, rng, graph):
     PDL with its weight row loaded before the wait, still reads its predecessor's x: eagerly and
     replayed from a CUDA graph."""
     from inferno.cuda import Stream
-    from inferno.cuda.graph import Graph
 
     k, links = 1024, 16
     kern = GemvBf16.load(1, device, norm=True)
@@ -223,17 +223,7 @@ def test_norm_pdl_chain_sees_predecessor(device, rng, graph):
             for i in range(links):
                 kern(dw, bufs[i], bufs[i + 1], k, k, norm=(dn, EPS), stream=stream)
 
-        if graph:
-            with Graph.capture(stream) as g:
-                chain()
-            ge = g.instantiate()
-            ge.launch(stream)
-            stream.synchronize()
-            ge.close()
-            g.close()
-        else:
-            chain()
-            stream.synchronize()
+        run_queued(stream, chain, graph)
         got = [x] + [from_device(b, bf16, (1, k)) for b in bufs[1:]]
         for i in range(links):  # each link against the reference on its own input
             assert np.isfinite(got[i + 1].astype(np.float32)).all(), f"link {i} read its x before it was written"
