@@ -208,7 +208,7 @@ def test_norm_launcher_packs_nw_and_eps(norm_launcher, monkeypatch):
                         lambda k, grid, block, params, smem, stream: calls.append((grid, params.raw("nw"),
                                                                                    params.raw("eps"))))
     w, x, nw, y = _buf(1 << 20, 1 << 20), _buf(1 << 14, 1 << 24), _buf(1 << 14, 1 << 25), _buf(1 << 10, 1 << 26)
-    assert norm_launcher.norm and norm_launcher.max_k >= 16384 and norm_launcher.max_k % 8 == 0
+    assert norm_launcher.norm
     norm_launcher(w, x, y, 96, 5120, norm=(nw, 1e-6))
     grid, raw_nw, raw_eps = calls[0]
     assert grid == (96, 1, 1)  # one weight row per CTA

@@ -32,7 +32,6 @@ COLS = (1, 2, 4, 8)
 EPILOGUES = {"plain": "", "residual": "_res", "swiglu": "_swiglu"}
 THREADS = 128
 NORM_SUFFIX = "_n"
-MAX_K = 2**31 - 8  # K is an int32 shape
 
 
 def rows_for(cols: int, epilogue: str = "plain") -> int:
@@ -113,12 +112,6 @@ class GemvBf16(Launcher):
         self.cols, self.rows = self.config["cols"], self.config["rows"]
         self.epilogue = self.config.get("epilogue", "plain")
         self.norm = bool(self.config.get("norm", False))
-
-    @property
-    def max_k(self) -> int:
-        """The widest row (K) the kernel takes: any multiple of 8 its int32 shapes hold. Rows past
-        `prefetch * threads * 8` (5120 for `_n`) stream their tail instead of staging it."""
-        return MAX_K
 
     @classmethod
     def load(cls, cols: int = 1, device: "Device | None" = None, epilogue: str = "plain",
