@@ -132,9 +132,10 @@ def test_every_decode_launch_passes_the_launchers(dry):
         ex.step(5, s)
         names = [n for n, _ in launches]
         # the norms are folded into the GEMVs that read them
-        per_gdn = ["gemv_bf16_t1_n", "gemv_mma", "gemv_mma", "gdn_conv_step", "gemv_mma", "gemv_mma", "gemv_mma"]
-        per_attn = ["gemv_mma", "gemv_mma", "attn_qk_prep", "attn_decode", "attn_combine", "gemv_mma", "gemv_mma",
-                    "gemv_mma"]
+        # the input projections: one GEMV of the merged matrix (INFERNO_MERGE_PROJ=1, the default), else two
+        inputs = ["gemv_mma"] if ex.plan.merge else ["gemv_mma", "gemv_mma"]
+        per_gdn = ["gemv_bf16_t1_n", *inputs, "gdn_conv_step", "gemv_mma", "gemv_mma", "gemv_mma"]
+        per_attn = [*inputs, "attn_qk_prep", "attn_decode", "attn_combine", "gemv_mma", "gemv_mma", "gemv_mma"]
         want = ["embedding"]
         for kind in c.layer_types:
             want += per_attn if kind == "full_attention" else per_gdn

@@ -20,7 +20,8 @@ from inferno.model.gpu import GpuExecutor
 from inferno.model.gpu.diagnose import layer_errors, report
 from inferno.model.gpu.residency import gemv_kinds
 from inferno.model.gpu.residency import (
-    CONCAT, DEQUANT_BF16, HEADROOM, PAGE_TOKENS, PAYLOAD, TILED, align_up, check_supported, decode_weights, plan_residency,
+    CONCAT, DEQUANT_BF16, HEADROOM, PAGE_TOKENS, PAYLOAD, TILED, align_up, check_supported, decode_weights,
+    merged_layers, plan_residency,
 )
 from inferno.model.reference import ReferenceExecutor
 from model_fixtures import artifact_inventory, tiny_groupwise_artifact
@@ -56,10 +57,14 @@ def emulated(artifact):
 def test_plan_places_every_decode_weight_with_its_artifact_size(inventory):
     config, expected = inventory
     plan = plan_residency(config, expected, max_seqs=2, max_context=100)
-    assert [p.name for p in plan.placements] == [n for n, _, _ in decode_weights(config)]
+    merged = merged_layers(config, expected, "split", plan.tiling, plan.merge)
+    assert [p.name for p in plan.placements] == [n for n, _, _ in decode_weights(config, merged=merged)]
     for p in plan.placements:
         assert p.where == "device"
-        if p.stored in (PAYLOAD, TILED):
+        if p.merged:  # input projections stacked by rows (tests/test_merge_proj.py)
+            assert p.shape == (sum(expected[s].shape[0] for s in p.sources), config.hidden)
+            assert p.nbytes == tiled_geometry(p.fmt, *p.shape).nbytes
+        elif p.stored in (PAYLOAD, TILED):
             e = expected[p.sources[0]]
             assert (p.fmt, p.shape) == (e.format, e.shape)
             if p.stored == TILED:

@@ -142,9 +142,12 @@ def test_every_prefill_launch_passes_the_launchers(dry, artifact):  # noqa: F811
         def ffn() -> list[str]:
             return ["add_rmsnorm", *linear(), "silu_mul", *linear(), "add_rmsnorm"]
 
-        gdn = ["dequant", "dequant", "gemm", "gemm", "gdn_conv_prefill", "gdn_chunk", *linear(), *ffn()]
-        attn = ["dequant", "gemm", "gemm", "dequant", "gemm", "gemm", "attn_qk_prep", "attn_prefill_g2_qf32",
-                *linear(), *ffn()]
+        if ex.plan.merge:  # the input projections dequantised once as one matrix (INFERNO_MERGE_PROJ=1)
+            gdn_in, attn_in = ["dequant", "gemm", "gemm"], ["dequant", "gemm", "gemm", "gemm", "gemm"]
+        else:
+            gdn_in, attn_in = ["dequant", "dequant", "gemm", "gemm"], ["dequant", "gemm", "gemm"] * 2
+        gdn = [*gdn_in, "gdn_conv_prefill", "gdn_chunk", *linear(), *ffn()]
+        attn = [*attn_in, "attn_qk_prep", "attn_prefill_g2_qf32", *linear(), *ffn()]
         chunk = ["embedding", "rmsnorm"]
         for kind in c.layer_types:
             chunk += attn if kind == "full_attention" else gdn

@@ -90,8 +90,8 @@ def test_plan_head_tiles_only_the_output_head(inventory):
 
 def test_plan_all_tiles_every_groupwise_gemv_matrix(inventory):
     config, expected = inventory
-    head = R.plan_residency(config, expected, 1, 64, tiling="head")
-    every = R.plan_residency(config, expected, 1, 64, tiling="all")
+    head = R.plan_residency(config, expected, 1, 64, tiling="head", merge=False)
+    every = R.plan_residency(config, expected, 1, 64, tiling="all", merge=False)  # (merged: test_merge_proj.py)
     tiled = [p for p in every.placements if p.stored == R.TILED]
     # per layer q|k, v|z (or gate|v), output, gate_up, down; and the head
     assert len(tiled) == 5 * config.n_layers + 1
@@ -115,8 +115,8 @@ def test_plan_reads_the_environment(monkeypatch, inventory):
 
 def test_gemv_kinds_report_tiled_per_placement(inventory):
     config, expected = inventory
-    kinds = {mode: R.gemv_kinds(R.plan_residency(config, expected, 1, 64, tiling=mode).placements)
-             for mode in R.TILING_MODES}
+    kinds = {mode: R.gemv_kinds(R.plan_residency(config, expected, 1, 64, tiling=mode, merge=False).placements)
+             for mode in R.TILING_MODES}  # (merged: the Q4 input projections run as Q5, test_merge_proj.py)
     assert ("Q6G64_F16S", "plain", True) in kinds["head"]  # the head
     assert {(f, e) for f, e, t in kinds["head"] if t} == {("Q6G64_F16S", "plain")}
     assert all(t for f, e, t in kinds["all"] if f in FORMATS)
@@ -250,8 +250,9 @@ def test_all_mode_launches_pass_the_launchers(dry, artifact, monkeypatch):  # no
         assert gemvs and all(n.startswith("gemv_mma_") for n in gemvs), gemvs
         assert dequants and all(n.endswith("_tiled") for n in dequants), dequants
         c = ex.config
-        assert len(gemvs) == 5 * c.n_layers + 2  # decode step + the prefill's decode head
-        assert len(dequants) == 2 * 5 * c.n_layers  # two chunks
+        per_layer = 3 + (1 if ex.plan.merge else 2)  # input projections (merged: one matrix), output, gate_up, down
+        assert len(gemvs) == per_layer * c.n_layers + 2  # decode step + the prefill's decode head
+        assert len(dequants) == 2 * per_layer * c.n_layers  # two chunks
     finally:
         ex.release(s)
         ex.close()

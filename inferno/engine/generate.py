@@ -6,7 +6,10 @@ the same state), samples, and steps one token at a time until an EOS / stop toke
 limit, or cancellation. The state is released on every path, including an exception in the
 executor and a consumer that stops iterating early. An executor that samples on the device
 (`samples_on_device(params)` true: the GPU executor for greedy and top_k 1..64) takes the
-request's uniform draws in `prefill_sample` / `step_sample` and returns tokens instead of logits.
+request's uniform draws in `prefill_sample` / `step_sample` and returns tokens instead of logits;
+one that can also queue steps (`queue_sample` / `take_sample`) gets the next step queued before the
+host reads the current token, so the device never waits for the loop (a stop token then leaves one
+queued step unused, dropped with the state).
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ def generate(
     def cancelled() -> bool:
         return cancel is not None and cancel.is_set()
 
+    queue = device_draw is not None and hasattr(executor, "queue_sample")
+    ahead = 0  # steps queued on the executor (`queue_sample`) whose tokens are not taken yet
     with guard:
         state = executor.new_state()
     try:
@@ -119,7 +124,13 @@ def generate(
                 yield TokenEvent(None, "cancelled", stats())
                 return
             with guard:
-                if device_draw is None:
+                if queue:  # keep one step queued beyond the one whose token is awaited, within the token limit
+                    while ahead < 2 and produced + ahead < request.max_new_tokens:
+                        executor.queue_sample(None if ahead else token, state, request.sampling, device_draw())
+                        ahead += 1
+                    token = executor.take_sample(state)
+                    ahead -= 1
+                elif device_draw is None:
                     logits = executor.step(token, state)
                 else:
                     token = executor.step_sample(token, state, request.sampling, device_draw())

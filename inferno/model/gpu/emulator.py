@@ -9,6 +9,7 @@ against the reference executor without a GPU; kernel numerics are the kernels' o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any, ContextManager
 
@@ -92,6 +93,9 @@ class EmulatedOps:
 
     def synchronize(self) -> None:
         pass
+
+    def marker(self) -> Callable[[], None]:
+        return lambda: None  # every operation ran when it was queued
 
     def side(self) -> ContextManager[None]:
         return nullcontext()  # one in-order stream: side work runs where it is queued

@@ -16,7 +16,7 @@ import os
 
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from inferno.bench.profile import KernelTime
 
 RING = 64  # step-input records in flight before the host waits (prefill queues tokens without waiting)
+AHEAD = 2  # decode steps `queue_sample` may have queued whose tokens the host has not taken
 
 
 @dataclass
@@ -90,6 +91,7 @@ class GpuExecutor:
                                                   self.states, self.plan, self.program.attn, self.program.ws)
             self._ring, self._logits = self._host_buffers(emulate)
             self._pending = 0
+            self._queued: list[tuple[GpuState, int, Callable[[], None]]] = []  # (state, token slot, wait)
             self.cuda_graph = cuda_graph and not emulate
             if self.cuda_graph:
                 self._capture()
@@ -147,14 +149,17 @@ class GpuExecutor:
 
     def _host_buffers(self, emulate: bool) -> tuple[np.ndarray, np.ndarray]:
         words, vocab = self.program.step_words, self.config.vocab
+        slots = 1 + AHEAD * self.plan.kv.max_seqs  # [0]: synchronous reads; the rest: queued steps' tokens
         if emulate:
-            self._token = np.zeros(1, np.int32)
+            self._tokens = np.zeros(slots, np.int32)
+            self._token = self._tokens[:1]
             return np.zeros((RING, words), np.int32), np.zeros(vocab, np.uint16)
         from inferno.cuda import PinnedBuffer
 
         self._pinned = (PinnedBuffer(RING * words * 4, "step inputs"), PinnedBuffer(vocab * 2, "logits"),
-                        PinnedBuffer(4, "greedy token"))
-        self._token = self._pinned[2].array(np.int32, (1,))
+                        PinnedBuffer(4 * slots, "sampled tokens"))
+        self._tokens = self._pinned[2].array(np.int32, (slots,))
+        self._token = self._tokens[:1]
         return self._pinned[0].array(np.int32, (RING, words)), self._pinned[1].array(np.uint16, (vocab,))
 
     def _capture(self) -> None:
@@ -240,7 +245,9 @@ class GpuExecutor:
                 raise UsageError(f"top_k {params.top_k} is not sampled on the device; use prefill and sample "
                                  "on the host (check samples_on_device first)")
             self._append(ids, st)
-            return self._read_sample(st, params, u)
+            token = self._read_sample(st, params, u)
+            st.sampled = True
+            return token
 
     def step_sample(self, token: int, state: State, params: SamplingParams, u: float) -> int:
         """`step`, returning the next token sampled on the device instead of the logits."""
@@ -250,15 +257,78 @@ class GpuExecutor:
         row = self.config.vocab * 4
         return self.program.ws["sample_counts"].view(st.slot * row, row)
 
+    def _pick(self, st: GpuState, params: SamplingParams, u: float) -> None:
+        """Queue the choice of the next token from ws['logits'] into the state's sampled word, eagerly (the
+        sampler's scalars change every call): argmax for greedy without penalties (one kernel, and no
+        counts to keep), else the sampler (which counts the token for the penalties)."""
+        ws = self.program.ws
+        if params.greedy and not params.has_penalties:
+            self.ops.argmax(ws["logits"], self._sampled(st), self.config.vocab)
+        else:
+            self.ops.sample(ws["logits"], self._sample_counts(st), ws["sample_scratch"], self._sampled(st),
+                            self.config.vocab, params, u)
+
+    def _sampled(self, st: GpuState):
+        """The word holding the last token the device sampled for this state."""
+        return self.program.ws["sampled"].view(st.slot * 4, 4)
+
+    # ---- queued device sampling: the next step is queued before this one's token is read ----------
+    def queue_sample(self, token: int | None, state: State, params: SamplingParams, u: float) -> None:
+        """Queue one decode step and the device sampling of the next token, without waiting for it.
+
+        `token` is the step's input, or None for the last token the device sampled for this state (by
+        `prefill_sample` or the previous queued step), so a step can be queued before the host has read
+        its input. At most `AHEAD` steps of a state may wait; `take_sample` returns their tokens in order."""
+        with self._lock:
+            self._enter()
+            st = self._check_state(state)
+            if not self.samples_on_device(params):
+                raise UsageError(f"top_k {params.top_k} is not sampled on the device; use step and sample "
+                                 "on the host (check samples_on_device first)")
+            queued = [q for q in self._queued if q[0] is st]
+            if len(queued) >= AHEAD:
+                raise UsageError(f"{AHEAD} steps of this state are queued already; take_sample one first")
+            if token is None and not st.sampled:
+                raise UsageError("nothing was sampled on the device for this state yet; pass the input token")
+            ids = self._token_ids([0 if token is None else token])
+            self.states.reserve(st, st.position + 1)
+            self._write_step(int(ids[0]), st)
+            if token is None:  # the step's input is the device's last sample of this state
+                self.ops.copy2d(self.program.ids, 4, self._sampled(st), 4, 4, 1)
+            if self.cuda_graph:
+                self.graphs["body"][1].launch(self.ops.stream)
+                self.graphs["head"][1].launch(self.ops.stream)
+            else:
+                self.program.body()
+                self.program.head()
+            st.position += 1
+            self._pick(st, params, u)
+            busy = {q[1] for q in self._queued}
+            slot = next(i for i in range(1, len(self._tokens)) if i not in busy)
+            self.ops.read(self._tokens[slot:slot + 1], self._sampled(st))
+            self._queued.append((st, slot, self.ops.marker()))
+            st.sampled = True
+
+    def take_sample(self, state: State) -> int:
+        """The token of this state's oldest queued step (waits for that step only)."""
+        with self._lock:
+            self._enter()
+            st = self._check_state(state)
+            i = next((i for i, q in enumerate(self._queued) if q[0] is st), None)
+            if i is None:
+                raise UsageError("no step of this state is queued; queue_sample first")
+            _, slot, done = self._queued[i]
+            del self._queued[i]
+            done()
+            return int(self._tokens[slot])
+
     def _read_sample(self, st: GpuState, params: SamplingParams, u: float) -> int:
         if self.cuda_graph:
             self.graphs["head"][1].launch(self.ops.stream)
         else:
             self.program.head()
-        ws = self.program.ws  # the sampler runs eagerly after the head: its scalars change every call
-        self.ops.sample(ws["logits"], self._sample_counts(st), ws["sample_scratch"], ws["sampled"],
-                        self.config.vocab, params, u)
-        self.ops.read(self._token, ws["sampled"])
+        self._pick(st, params, u)
+        self.ops.read(self._token, self._sampled(st))
         self.ops.synchronize()
         self._pending = 0
         self.prefill_program.synchronized()
@@ -272,6 +342,7 @@ class GpuExecutor:
             self._enter()
             st = self._check_state(state)
             self.ops.synchronize()  # queued steps of this sequence finish before its slot is reused
+            self._queued = [q for q in self._queued if q[0] is not st]  # tokens nobody will take
             self.states.release(st)
             st.released = True
 

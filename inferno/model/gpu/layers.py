@@ -5,12 +5,14 @@ that read it while they stage x, when every one of them can: `Ops.folds_norm`; e
 launch into ws['normed']):
 
     normed = rmsnorm(x, input_norm)
-    GDN:   [q|k] = Wqk normed; [v|z] = Wvz normed (one buffer: q|k|v is the conv input, z after it)
+    GDN:   [q|k|v|z] = [Wqk; Wvz] normed (one buffer: q|k|v is the conv input, z after it; one GEMV
+           of the merged matrix, or two: `residency.MERGED_INPUTS`, $INFERNO_MERGE_PROJ)
            [a|b] = Wab normed (bf16 GEMV); conv + SiLU (conv state of the slot); fused GDN step
            (gates, l2norm, delta rule on the fp32 state of the slot, gated RMSNorm) -> mix_out
-    attn:  [q|k] = Wqk normed; [gate|v] = Wgv normed; q/k norm + RoPE + K/V append to the paged
-           cache (q, k, v read where the GEMVs wrote them); split-K decode attention + combine with
-           the sigmoid gate (read from gate_value) -> mix_out
+    attn:  [q|k|gate|v] = [Wqk; Wgv] normed (merged: one GEMV into mix_in; else q|k into mix_in and
+           gate|v into gate_value); q/k norm + RoPE + K/V append to the paged cache (q, k, v read
+           where the GEMVs wrote them); split-K decode attention + combine with the sigmoid gate
+           -> mix_out
     x_mid  = x + Wo mix_out                         (GEMV, residual epilogue)
     normed = rmsnorm(x_mid, post_attention_norm)
     act    = silu(Wg normed) * (Wu normed)           (GEMV, fused SwiGLU epilogue)
@@ -28,7 +30,7 @@ from collections.abc import Callable
 from inferno.cuda.memory import DeviceBuffer
 from inferno.model.config import ModelConfig
 from inferno.model.gpu.ops import AttnGeometry, Norm, Ops
-from inferno.model.gpu.residency import BF16, I32, STEP_HEADER, ResidencyPlan
+from inferno.model.gpu.residency import BF16, I32, MERGED_INPUTS, STEP_HEADER, ResidencyPlan
 from inferno.model.gpu.state import DeviceStates
 from inferno.model.gpu.weights import DeviceTensor
 
@@ -87,9 +89,10 @@ class DecodeProgram:
     def _input_readers(self, i: int) -> list[str]:
         """The weights of layer i's GEMVs that read its input norm (plain GEMVs)."""
         p = f"text/layers/{i}/"
-        if self.c.layer_types[i] == "full_attention":
-            return [p + "attention/query_key", p + "attention/gate_value"]
-        return [p + "gdn/query_key", p + "gdn/value_z", p + "gdn/a_b_projection"]
+        mixer = "attention" if self.c.layer_types[i] == "full_attention" else "gdn"
+        stack, halves = MERGED_INPUTS[mixer]
+        readers = [p + stack] if p + stack in self.w else [p + h for h in halves]
+        return readers + ([p + "gdn/a_b_projection"] if mixer == "gdn" else [])
 
     def _normed(self, x: str, norm: str, readers: list[str],
                 epilogue: str = "plain") -> tuple[DeviceBuffer, Norm | None]:
@@ -119,14 +122,21 @@ class DecodeProgram:
     def _gdn(self, i: int, p: str, x: DeviceBuffer, norm: Norm | None) -> None:
         c, ws, ops, w = self.c, self.ws, self.ops, self.w
         kw, vw, hv = c.gdn_key_width, c.gdn_value_width, c.gdn_v_heads
-        qk, vz, ab = w[p + "gdn/query_key"], w[p + "gdn/value_z"], w[p + "gdn/a_b_projection"]
+        ab, merged = w[p + "gdn/a_b_projection"], w.get(p + MERGED_INPUTS["gdn"][0])
         mix = ws["mix_in"]
-        with ops.side():  # the small projections overlap the large value_z GEMV
+        with ops.side():  # the small projections overlap the large GEMV (merged q|k|v|z, or value_z)
             ops.linear_bf16(x, ab.buf, ws["ab"], 2 * hv, c.hidden, norm=norm)
-            ops.gemv(qk.fmt, "plain", qk.buf, x, mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden, tiled=qk.tiled,
-                     norm=norm)
-        ops.gemv(vz.fmt, "plain", vz.buf, x, mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden,
-                 tiled=vz.tiled, norm=norm)
+            if merged is None:
+                qk = w[p + "gdn/query_key"]
+                ops.gemv(qk.fmt, "plain", qk.buf, x, mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden, tiled=qk.tiled,
+                         norm=norm)
+        if merged is not None:
+            ops.gemv(merged.fmt, "plain", merged.buf, x, mix.view(0, 2 * (kw + vw) * BF16), 2 * (kw + vw), c.hidden,
+                     tiled=merged.tiled, norm=norm)
+        else:
+            vz = w[p + "gdn/value_z"]
+            ops.gemv(vz.fmt, "plain", vz.buf, x, mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden,
+                     tiled=vz.tiled, norm=norm)
         ops.join()
         ops.gdn_conv_step(mix.view(0, c.conv_dim * BF16), self.states.conv[i], w[p + "gdn/convolution"].buf,
                           mix.view(c.conv_dim * BF16, vw * BF16), ws["ab"].view(0, hv * BF16),
@@ -138,13 +148,18 @@ class DecodeProgram:
         c, ws, ops, w, g = self.c, self.ws, self.ops, self.w, self.attn
         d = c.head_dim
         qw, kvw = c.n_heads * d, c.n_kv_heads * d
-        qk, gv = w[p + "attention/query_key"], w[p + "attention/gate_value"]
-        mix, gate_value = ws["mix_in"], ws["gate_value"]
-        with ops.side():
-            ops.gemv(gv.fmt, "plain", gv.buf, x, gate_value, qw + kvw, c.hidden, tiled=gv.tiled, norm=norm)
-        ops.gemv(qk.fmt, "plain", qk.buf, x, mix.view(0, (qw + kvw) * BF16), qw + kvw, c.hidden, tiled=qk.tiled,
-                 norm=norm)
-        ops.join()
+        mix, merged = ws["mix_in"], w.get(p + MERGED_INPUTS["attention"][0])
+        if merged is not None:  # one GEMV: q | k | gate | v
+            ops.gemv(merged.fmt, "plain", merged.buf, x, mix.view(0, 2 * (qw + kvw) * BF16), 2 * (qw + kvw),
+                     c.hidden, tiled=merged.tiled, norm=norm)
+            gate_value = mix.view((qw + kvw) * BF16, (qw + kvw) * BF16)
+        else:
+            qk, gv, gate_value = w[p + "attention/query_key"], w[p + "attention/gate_value"], ws["gate_value"]
+            with ops.side():
+                ops.gemv(gv.fmt, "plain", gv.buf, x, gate_value, qw + kvw, c.hidden, tiled=gv.tiled, norm=norm)
+            ops.gemv(qk.fmt, "plain", qk.buf, x, mix.view(0, (qw + kvw) * BF16), qw + kvw, c.hidden, tiled=qk.tiled,
+                     norm=norm)
+            ops.join()
         # the kernels read q, k, gate, v where the GEMVs wrote them (head h at h * d)
         q_proj, k = mix.view(0, qw * BF16), mix.view(qw * BF16, kvw * BF16)
         gate, v = gate_value.view(0, qw * BF16), gate_value.view(qw * BF16, kvw * BF16)

@@ -12,7 +12,7 @@ at start-up with an error that names it, not in the middle of a generation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ContextManager, Protocol
@@ -74,6 +74,7 @@ class Ops(Protocol):
     def write(self, buf: DeviceBuffer, array: np.ndarray) -> None: ...  # queued; `array` stays untouched until synced
     def read(self, out: np.ndarray, buf: DeviceBuffer) -> None: ...  # queued; valid after synchronize()
     def synchronize(self) -> None: ...
+    def marker(self) -> Callable[[], None]: ...  # queued; calling it waits for the work queued before it
     def side(self) -> ContextManager[None]: ...  # launches inside may run concurrently with the next ones ...
     def join(self) -> None: ...  # ... until here
     def copy2d(self, dst: DeviceBuffer, dst_pitch: int, src: DeviceBuffer, src_pitch: int, width: int,
@@ -248,6 +249,17 @@ class CudaOps:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+    def marker(self) -> Callable[[], None]:
+        from inferno.cuda import Event
+
+        event = Event.create(timing=False).record(self.stream)
+
+        def wait() -> None:
+            event.synchronize()
+            event.close()
+
+        return wait
 
     @contextmanager
     def side(self) -> Iterator[None]:

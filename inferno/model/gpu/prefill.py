@@ -5,10 +5,12 @@ One chunk (T <= the executor's `prefill_chunk`) runs through every layer as row-
 X the residual stream [T, hidden] (bf16):
 
     X = embedding(ids); N = rmsnorm(X, input_norm[0])
-    GDN:   W = bf16(Wqk ; Wvz) (dequantised into the weight scratch); [q|k|v|z] = N W^T (one GEMM);
+    GDN:   W = bf16(Wqk ; Wvz) (dequantised into the weight scratch: the merged matrix at once, or its
+           two halves); [q|k|v|z] = N W^T (one GEMM);
            [a|b] = N Wab^T; conv prefill (conv state of the slot) over the chunk; chunked delta rule
            (fp32 state of the slot) + gated RMSNorm -> M
-    attn:  q, k = N Wqk^T; gate, v = N Wgv^T; q copied per head into the prep kernel's [q | gate]
+    attn:  q, k = N Wqk^T; gate, v = N Wgv^T (GEMMs over row ranges of the dequantised merged
+           [Wqk; Wgv], or of each half); q copied per head into the prep kernel's [q | gate]
            rows; q/k norm + RoPE + K/V append for T tokens; causal flash attention over the cached
            prefix and the chunk, times sigmoid(gate) -> M
     P = M Wo^T;  X_mid = X + P, N = rmsnorm(X_mid, post_attention_norm)   (add_rmsnorm)
@@ -38,7 +40,7 @@ from inferno.cuda.memory import DeviceBuffer
 from inferno.errors import NotBuiltError
 from inferno.model.config import ModelConfig
 from inferno.model.gpu.ops import AttnGeometry, CudaOps, Ops
-from inferno.model.gpu.residency import BF16, I32, PAGE_TOKENS, PREFILL_DEQUANT, TILED, ResidencyPlan
+from inferno.model.gpu.residency import BF16, I32, MERGED_INPUTS, PAGE_TOKENS, PREFILL_DEQUANT, TILED, ResidencyPlan
 from inferno.model.gpu.state import DeviceStates, GpuState
 from inferno.model.gpu.weights import DeviceTensor
 
@@ -277,10 +279,13 @@ class PrefillProgram:
     def _gdn(self, i: int, p: str, t: int, st: GpuState) -> None:
         c, b, pops, w = self.c, self.buf, self.pops, self.w
         kw, vw, hv = c.gdn_key_width, c.gdn_value_width, c.gdn_v_heads
-        qk, vz, ab = w[p + "gdn/query_key"], w[p + "gdn/value_z"], w[p + "gdn/a_b_projection"]
+        ab, merged = w[p + "gdn/a_b_projection"], w.get(p + MERGED_INPUTS["gdn"][0])
         scratch, row = b["weight"], c.hidden * BF16
-        self._weight(qk, scratch)
-        self._weight(vz, scratch.view(2 * kw * row, scratch.nbytes - 2 * kw * row))
+        if merged is not None:
+            self._weight(merged, scratch)
+        else:
+            self._weight(w[p + "gdn/query_key"], scratch)
+            self._weight(w[p + "gdn/value_z"], scratch.view(2 * kw * row, scratch.nbytes - 2 * kw * row))
         width = c.conv_dim + vw  # q | k | v | z
         pops.gemm(b["normed"], scratch, b["mix_in"], t, width, c.hidden)
         pops.gemm(b["normed"], self._weight(ab), b["ab"], t, 2 * hv, c.hidden)
@@ -296,12 +301,20 @@ class PrefillProgram:
     def _attention(self, i: int, p: str, t: int, st: GpuState) -> None:
         c, b, pops, w, g = self.c, self.buf, self.pops, self.w, self.attn
         d = c.head_dim
-        qw, kvw = c.n_heads * d, c.n_kv_heads * d
-        for wt, first, second in ((w[p + "attention/query_key"], "q", "k"),
-                                  (w[p + "attention/gate_value"], "gate", "v")):
-            m = self._weight(wt)
+        qw, kvw, row = c.n_heads * d, c.n_kv_heads * d, c.hidden * BF16
+
+        def project(m: DeviceBuffer, first: str, second: str) -> None:  # m: bf16 rows [qw | kvw] of the input
             pops.gemm(b["normed"], m, b[first], t, qw, c.hidden)
-            pops.gemm(b["normed"], m.view(qw * c.hidden * BF16, kvw * c.hidden * BF16), b[second], t, kvw, c.hidden)
+            pops.gemm(b["normed"], m.view(qw * row, kvw * row), b[second], t, kvw, c.hidden)
+
+        merged = w.get(p + MERGED_INPUTS["attention"][0])
+        if merged is not None:  # rows [q | k | gate | v] of one dequantised matrix
+            m = self._weight(merged)
+            project(m, "q", "k")
+            project(m.view((qw + kvw) * row, (qw + kvw) * row), "gate", "v")
+        else:  # each half in turn through the scratch
+            project(self._weight(w[p + "attention/query_key"]), "q", "k")
+            project(self._weight(w[p + "attention/gate_value"]), "gate", "v")
         # per head [q_h | gate_h] rows of 2d values: the prep kernel's layout (it reads only the q halves)
         self.ops.copy2d(b["qg"], 2 * d * BF16, b["q"], d * BF16, d * BF16, t * c.n_heads)
         kv = self.states.kv[i]

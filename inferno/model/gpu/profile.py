@@ -51,7 +51,8 @@ OPS_ATTRS = ("ops", "pops")  # where the executor and its programs hold device o
 
 @dataclass
 class Work:
-    """What one launch moves and computes; `fixed` is the part the accounting counts (weights, KV, state)."""
+    """What one launch moves and computes; `fixed` is the part the accounting counts (weights, as the
+    device holds them, KV, state)."""
 
     bytes: int | None
     flops: int | None = None
@@ -288,6 +289,9 @@ class RecordingOps:
 
     def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None):
         m = n // 2 if epilogue == "swiglu" else n
+        # The bytes of the matrix as the device holds it (fmt, [n, k]): for merged input projections
+        # (residency.MERGED_INPUTS) the stack in the wider format, so its narrower half counts at the wider
+        # width; inferno/bench/accounting.py keeps counting the artifact's own bytes (the roofline).
         if tiled:
             from inferno.kernels.gemv_mma_variants import variant_name
             from inferno.kernels.tiled import tiled_geometry
@@ -544,6 +548,17 @@ class SpanOps:
         attr = getattr(self.ops, name)
         if name.startswith("_") or name in SPAN_PASS or not callable(attr):
             return attr
+        if name == "marker":  # waiting on a marker is a host wait: it ends the open span (at the stream's tail)
+            def waited_on() -> Callable[[], None]:
+                wait = attr()
+
+                def end_then_wait() -> None:
+                    self.clock.end()
+                    wait()
+
+                return end_then_wait
+
+            return waited_on
         mark = self.clock.end if name in HOST_WAITS else self.clock.begin
 
         def marked(*args, **kwargs):

@@ -45,6 +45,13 @@ TILED_HEAD = frozenset({"text/output_head"})  # the matrices mode "head" tiles
 # T = 1, ahead of its tensor-core GEMV (0.79-0.94x, docs/kernels-gemv-mma.md)
 ROW_SPLIT_FORMATS = frozenset({"W8G32_F16S"})
 FUSIONS = ("split", "nvfp4")  # fusion plans the GPU executor runs
+# Merged input projections: fusion plan "split" stores a layer's input projections as two matrices (GDN
+# query_key | value_z, attention query_key | gate_value); where both are tiled Q4-Q6 they are stacked
+# by rows at load into one matrix in the wider format (inferno/model/gpu/merge.py), one GEMV per layer.
+# INFERNO_MERGE_PROJ=0 keeps them separate (read once, at plan time).
+MERGE_ENV = "INFERNO_MERGE_PROJ"
+MERGED_INPUTS = {"gdn": ("gdn/query_key_value_z", ("gdn/query_key", "gdn/value_z")),
+                 "attention": ("attention/query_key_gate_value", ("attention/query_key", "attention/gate_value"))}
 # GEMV formats besides the groupwise-int ones (gemv_nvfp4_variants, gemv_bf16_variants)
 GEMV_FORMATS_EXTRA = ("NVFP4", "BF16")
 
@@ -52,7 +59,8 @@ GEMV_FORMATS_EXTRA = ("NVFP4", "BF16")
 # GEMV epilogue of each quantized matrix the decode path multiplies by, by device-name suffix
 GEMV_EPILOGUES = {
     "gdn/query_key": "plain", "gdn/value_z": "plain", "attention/query_key": "plain",
-    "attention/gate_value": "plain", "text/output_head": "plain", "gdn/output": "residual",
+    "attention/gate_value": "plain", "gdn/query_key_value_z": "plain", "attention/query_key_gate_value": "plain",
+    "text/output_head": "plain", "gdn/output": "residual",
     "attention/output": "residual", "mlp/down": "residual", "mlp/gate_up": "swiglu",
 }
 
@@ -74,6 +82,16 @@ def tiling_mode(mode: str | None = None) -> str:
         raise UsageError(f"unknown tiling policy {value!r}; set {TILING_ENV} to "
                          f"{' or '.join(repr(m) for m in TILING_MODES)}")
     return value
+
+
+def merge_mode(merge: bool | None = None) -> bool:
+    """Whether the input projections are merged: `merge` when given, else $INFERNO_MERGE_PROJ (default 1)."""
+    if merge is not None:
+        return merge
+    value = os.environ.get(MERGE_ENV, "").strip() or "1"
+    if value not in ("0", "1"):
+        raise UsageError(f"{MERGE_ENV} must be 0 (separate input projections) or 1 (merged), got {value!r}")
+    return value == "1"
 
 
 def tiled_storage(name: str, fmt: str, mode: str) -> bool:
@@ -102,6 +120,11 @@ class Placement:
     nbytes: int
     where: str = DEVICE
     rows: tuple[int, int] | None = None  # ROWS: the source's row range [r0, r1)
+
+    @property
+    def merged(self) -> bool:
+        """Several groupwise-int sources stacked by rows (merged input projections) into one tiled matrix."""
+        return self.stored == TILED and len(self.sources) > 1
 
 
 @dataclass(frozen=True)
@@ -166,27 +189,32 @@ class GdnSizing:
         return self.layers * (align_up(self.slots * self.conv_slot_bytes) + align_up(self.slots * self.recurrent_slot_bytes))
 
 
-def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int, seqs: int = 1) -> dict[str, int]:
+def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int, seqs: int = 1,
+                      merged_attention: int = 0) -> dict[str, int]:
     """The per-step activation buffers of the decode path (one sequence), name -> bytes; and the
-    device sampler's token counts of `seqs` sequences (int32 [seqs, vocab], a row per GDN slot)."""
+    device sampler's token counts of `seqs` sequences (int32 [seqs, vocab], a row per GDN slot).
+    `merged_attention`: attention layers whose input projections are one matrix (one GEMV writes
+    q | k | gate | v into mix_in); the others write q | k to mix_in and gate | v to gate_value."""
     c = config
     q_width = c.n_heads * c.head_dim
     kv_width = c.n_kv_heads * c.head_dim
     mix_in = c.conv_dim + c.gdn_value_width if c.gdn_layers else 0  # GDN: q | k | v | z
+    separate = len(c.attention_layers) - merged_attention  # attention layers with a gate_value GEMV
+    attn_in = (2 if merged_attention else 1) * (q_width + kv_width) if c.attention_layers else 0
     return {
         "step": (STEP_HEADER + pages_per_seq) * I32,  # token, position, slot, length, page table
         "x": c.hidden * BF16,  # residual stream (layer input and output)
         "x_mid": c.hidden * BF16,  # residual stream after the mixer
         "normed": c.hidden * BF16,
-        "mix_in": max(mix_in, (q_width + kv_width) if c.attention_layers else 0) * BF16,  # GDN qkvz / attn q|k
-        "gate_value": (q_width + kv_width) * BF16 if c.attention_layers else ALIGN,  # attn gate | v
+        "mix_in": max(mix_in, attn_in) * BF16,  # GDN q|k|v|z; attention q|k (merged: q|k|gate|v)
+        "gate_value": (q_width + kv_width) * BF16 if separate else ALIGN,  # attention gate | v (separate)
         "ab": 2 * c.gdn_v_heads * BF16 if c.gdn_layers else ALIGN,
         "gdn_sync": c.gdn_k_heads * I32 if c.gdn_layers else ALIGN,  # the fused conv+step's q/k window counters
         "mix_out": max(c.gdn_value_width if c.gdn_layers else 0, q_width if c.attention_layers else 0) * BF16,
         "act": c.intermediate * BF16,
         "logits": c.vocab * BF16,
         "argmax": I32,  # greedy pick (device argmax of the logits)
-        "sampled": I32,  # the device sampler's token
+        "sampled": seqs * I32,  # the device sampler's last token per sequence (row = GDN slot)
         "sample_scratch": scratch_bytes(c.vocab),  # the device sampler's per-slice candidates
         "sample_counts": seqs * c.vocab * I32,  # tokens generated per sequence (penalties), row = GDN slot
         # attention: q after norm + RoPE, split-K partials (q and gate are read where the GEMVs wrote them)
@@ -197,21 +225,24 @@ def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int, seqs
 
 
 PREFILL_DEQUANT = ("gdn/query_key", "gdn/value_z", "gdn/output", "attention/query_key", "attention/gate_value",
-                   "attention/output", "mlp/gate_up", "mlp/down")  # matrices prefill multiplies as bf16 GEMMs
+                   "gdn/query_key_value_z", "attention/query_key_gate_value", "attention/output", "mlp/gate_up",
+                   "mlp/down")  # matrices prefill multiplies as bf16 GEMMs
 
 
 def prefill_buffers(config: ModelConfig, chunk: int, placements: tuple[Placement, ...],
                     pages_per_seq: int) -> dict[str, int]:
     """The activation buffers of one prefill chunk of `chunk` tokens (inferno/model/gpu/prefill.py),
     name -> bytes; 'weight' is the bf16 scratch a quantized matrix is dequantized into before its
-    GEMM (the largest one; a GDN layer's query_key and value_z share it as one [q|k|v|z] matrix)."""
+    GEMM (the largest one; a GDN layer's query_key and value_z, when not merged, share it as one
+    [q|k|v|z] matrix)."""
     c, t = config, chunk
     q_width, kv_width = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     shape = {p.name: p.shape for p in placements}
     sizes = [p.shape[0] * p.shape[1] for p in placements if p.fmt != "BF16" and p.name.endswith(PREFILL_DEQUANT)]
     for i in c.gdn_layers:  # both halves go to the scratch, whatever their format
-        qk, vz = (shape[f"text/layers/{i}/gdn/{n}"] for n in ("query_key", "value_z"))
-        sizes.append((qk[0] + vz[0]) * qk[1])
+        halves = [shape.get(f"text/layers/{i}/gdn/{n}") for n in ("query_key", "value_z")]
+        if None not in halves:
+            sizes.append((halves[0][0] + halves[1][0]) * halves[0][1])
     attn = bool(c.attention_layers)
     return {
         "inputs": (4 * t + pages_per_seq) * I32,  # ids, positions, KV rows, KV pages of the chunk; page table
@@ -256,6 +287,7 @@ class ResidencyPlan:
     prefill_chunk: int = 0  # tokens per prefill chunk (0: no prefill buffers)
     prefill: dict[str, int] = field(default_factory=dict)  # prefill activation buffers (prefill_buffers)
     tiling: str = TILING  # the tiling policy the placements follow (tiling_mode)
+    merge: bool = True  # the merged-input-projections switch in force (merge_mode; `merged_layers` says where)
 
     @property
     def weight_bytes(self) -> int:
@@ -279,7 +311,9 @@ class ResidencyPlan:
         return self.weight_bytes + self.state_bytes + self.workspace_bytes + self.prefill_bytes
 
     def summary(self) -> str:
-        return (f"weights {fmt_bytes(self.weight_bytes)} (tile16-v1: {self.tiling}), KV cache {fmt_bytes(self.kv.bytes)} "
+        merged = sum(p.merged for p in self.placements)
+        return (f"weights {fmt_bytes(self.weight_bytes)} (tile16-v1: {self.tiling}; merged input projections: "
+                f"{merged} of {self.config.n_layers} layers), KV cache {fmt_bytes(self.kv.bytes)} "
                 f"({self.kv.max_seqs} sequences x {self.kv.max_context} tokens), GDN state "
                 f"{fmt_bytes(self.gdn.bytes)} ({self.gdn.slots} slots), workspace {fmt_bytes(self.workspace_bytes)}, "
                 f"prefill buffers {fmt_bytes(self.prefill_bytes)} ({self.prefill_chunk}-token chunks)")
@@ -332,13 +366,16 @@ def split_rows(config: ModelConfig, name: str) -> tuple[int, int]:
     return (0, first) if half == 0 else (first, total)
 
 
-def decode_weights(config: ModelConfig, fusion: str = "split") -> list[tuple[str, tuple[str, ...], str]]:
+def decode_weights(config: ModelConfig, fusion: str = "split",
+                   merged: frozenset[int] = frozenset()) -> list[tuple[str, tuple[str, ...], str]]:
     """(device name, artifact sources, storage) of every weight the dense decode path reads, for the
-    identity's fusion plan `fusion` ("nvfp4": the fused input projections are split by rows)."""
+    identity's fusion plan `fusion` ("nvfp4": the fused input projections are split by rows); the
+    input projections of layers `merged` are one TILED matrix of two sources (`MERGED_INPUTS`)."""
     out: list[tuple[str, tuple[str, ...], str]] = [("text/token_embedding", ("text/token_embedding",), DEQUANT_BF16)]
     for i, kind in enumerate(config.layer_types):
         p = f"text/layers/{i}/"
         names = ["input_norm", "post_attention_norm", "mlp/gate_up", "mlp/down"]
+        stack, halves = MERGED_INPUTS["attention" if kind == "full_attention" else "gdn"]
         if kind == "full_attention":
             names += ["attention/query_key", "attention/gate_value", "attention/query_norm",
                       "attention/key_norm", "attention/output"]
@@ -347,12 +384,33 @@ def decode_weights(config: ModelConfig, fusion: str = "split") -> list[tuple[str
                       "gdn/norm", "gdn/output"]
             out.append((p + "gdn/a_b_projection", (p + "gdn/a_projection", p + "gdn/b_projection"), CONCAT))
         for n in names:
-            if fusion == "nvfp4" and n in _FUSED_NVFP4:
+            if i in merged and n in halves:
+                if n == halves[0]:
+                    out.append((p + stack, tuple(p + h for h in halves), TILED))
+            elif fusion == "nvfp4" and n in _FUSED_NVFP4:
                 out.append((p + n, (p + _FUSED_NVFP4[n][0],), ROWS))
             else:
                 out.append((p + n, (p + n,), PAYLOAD))
     out += [("text/final_norm", ("text/final_norm",), PAYLOAD), ("text/output_head", ("text/output_head",), PAYLOAD)]
     return out
+
+
+def merged_layers(config: ModelConfig, expected: dict[str, ExpectedTensor], fusion: str, tiling: str,
+                  merge: bool) -> frozenset[int]:
+    """The layers whose input projections are merged (`MERGED_INPUTS`): with `merge` on, in fusion plan
+    "split", where both halves are Q4-Q6 matrices of one width that the tiling policy `tiling` tiles."""
+    from inferno.model.gpu.merge import MERGEABLE
+
+    if not merge or fusion != "split":
+        return frozenset()
+    out = set()
+    for i, kind in enumerate(config.layer_types):
+        halves = [expected.get(f"text/layers/{i}/{h}")
+                  for h in MERGED_INPUTS["attention" if kind == "full_attention" else "gdn"][1]]
+        if (None not in halves and all(e.format in MERGEABLE and tiled_storage(e.name, e.format, tiling) for e in halves)
+                and len({e.shape[1] for e in halves}) == 1):
+            out.add(i)
+    return frozenset(out)
 
 
 def check_supported(config: ModelConfig) -> None:
@@ -377,17 +435,19 @@ def check_supported(config: ModelConfig) -> None:
 
 def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max_seqs: int,
                    max_context: int, fusion: str = "split", prefill_chunk: int = 1024,
-                   tiling: str | None = None) -> ResidencyPlan:
+                   tiling: str | None = None, merge: bool | None = None) -> ResidencyPlan:
     """The plan for `config` whose artifact tensors are `expected` (name -> inventory entry) in the
-    identity's fusion plan `fusion`, with buffers for prefill chunks of `prefill_chunk` tokens and
-    groupwise-int GEMV matrices stored by the tiling policy `tiling` (None: `tiling_mode()`)."""
+    identity's fusion plan `fusion`, with buffers for prefill chunks of `prefill_chunk` tokens,
+    groupwise-int GEMV matrices stored by the tiling policy `tiling` (None: `tiling_mode()`) and the
+    input projections merged where they can be when `merge` (None: `merge_mode()`)."""
     from inferno.artifact import formats
     from inferno.errors import ArtifactError
     from inferno.kernels.gemv_variants import FORMATS
     from inferno.kernels.tiled import tiled_geometry
+    from inferno.model.gpu.merge import merged_format
 
     check_supported(config)
-    tiling = tiling_mode(tiling)
+    tiling, merge = tiling_mode(tiling), merge_mode(merge)
     if fusion not in FUSIONS:
         raise NotBuiltError(f"the GPU executor runs dense artifacts of fusion plans {', '.join(FUSIONS)} only "
                             f"for now; this artifact uses plan {fusion!r}; use --device cpu")
@@ -396,7 +456,8 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
     if not 1 <= prefill_chunk <= MAX_PREFILL_CHUNK:
         raise UsageError(f"--prefill-chunk must be 1..{MAX_PREFILL_CHUNK} tokens, got {prefill_chunk}")
     placements = []
-    for name, sources, stored in decode_weights(config, fusion):
+    merged = merged_layers(config, expected, fusion, tiling, merge)
+    for name, sources, stored in decode_weights(config, fusion, merged):
         missing = [s for s in sources if s not in expected]
         if missing:
             raise ArtifactError(f"the artifact has no tensor {missing[0]}; it is not a dense Qwen3.5 "
@@ -411,6 +472,9 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
                 raise ArtifactError(f"{name}: expected BF16 sources, got {[e.format for e in src]}")
             fmt, shape = "BF16", (sum(e.shape[0] for e in src), src[0].shape[1])
             nbytes = shape[0] * shape[1] * BF16
+        elif stored == TILED:  # merged input projections: the halves stacked by rows, in the wider format
+            fmt, shape = merged_format([e.format for e in src]), (sum(e.shape[0] for e in src), src[0].shape[1])
+            nbytes = tiled_geometry(fmt, *shape).nbytes
         else:
             e = src[0]
             fmt, shape = e.format, e.shape
@@ -433,6 +497,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
                     config.gdn_v_heads, config.gdn_k_dim, config.gdn_v_dim)
     splits = attn_splits(max_context, config.n_kv_heads) if config.attention_layers else 1
     placements_t = tuple(placements)
-    return ResidencyPlan(config, placements_t, kv, gdn, workspace_buffers(config, kv.pages_per_seq, splits, max_seqs),
-                         splits, prefill_chunk, prefill_buffers(config, prefill_chunk, placements_t, kv.pages_per_seq),
-                         tiling)
+    workspace = workspace_buffers(config, kv.pages_per_seq, splits, max_seqs,
+                                  len(merged.intersection(config.attention_layers)))
+    return ResidencyPlan(config, placements_t, kv, gdn, workspace, splits, prefill_chunk,
+                         prefill_buffers(config, prefill_chunk, placements_t, kv.pages_per_seq), tiling, merge)

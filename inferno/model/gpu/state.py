@@ -24,6 +24,7 @@ class GpuState(State):
 
     slot: int = -1
     pages: list[int] = field(default_factory=list)
+    sampled: bool = False  # the device holds a token sampled for it (queue_sample may take it as input)
 
 
 class FreeList:

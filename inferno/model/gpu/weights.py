@@ -6,7 +6,9 @@ the output head, or every GEMV matrix), moved into `tile16-v1` (inferno/kernels/
 the tensor-core GEMV reads 512-byte runs) by a few host threads ahead of the uploads; BF16 / FP32
 vectors as they are; the embedding table dequantized to bf16 (the gather kernel reads bf16
 rows); the GDN a and b projections concatenated into one [2 Hv, H] bf16 matrix (one GEMM);
-a row range of a fused NVFP4 (or BF16) input projection re-packed as a matrix of its own.
+a row range of a fused NVFP4 (or BF16) input projection re-packed as a matrix of its own; a
+layer's two groupwise-int input projections stacked by rows in the wider format (merge.py) and
+tiled as one matrix.
 """
 
 from __future__ import annotations
@@ -45,7 +47,13 @@ def host_image(p: Placement, artifact: Artifact, expected: dict[str, ExpectedTen
     elif p.stored == TILED:
         from inferno.kernels.tiled import tile
 
-        data = tile(p.fmt, artifact.tensor_bytes(p.sources[0]), *p.shape)
+        payload = artifact.tensor_bytes(p.sources[0])
+        if p.merged:  # the input projections stacked by rows in the wider format, then tiled as one
+            from inferno.model.gpu.merge import stack_rows
+
+            _, payload, _ = stack_rows([(expected[s].format, artifact.tensor_bytes(s), expected[s].shape)
+                                        for s in p.sources])
+        data = tile(p.fmt, payload, *p.shape)
     elif p.stored == DEQUANT_BF16:
         e = expected[p.sources[0]]
         data = formats.decode(e.format, e.layout, artifact.tensor_bytes(e.name), e.shape).astype(bfloat16)

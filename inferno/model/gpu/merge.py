@@ -1,0 +1,63 @@
+"""Groupwise-int matrices stacked by rows into one matrix (the merged decode input projections).
+
+A GDN layer's `query_key` (Q4) and `value_z` (Q5), or an attention layer's `query_key` and
+`gate_value`, read the same normed input: stacked as rows [W0; W1] they are one GEMV. The stack is
+stored in the widest format of its parts. The groupwise codes are signed two's-complement words with
+one f16 scale per group of 64 along K, the same group for Q4, Q5 and Q6 (`formats.groupwise`): a Q4
+code (-8..7) is the same value as a Q5 or Q6 code, so a narrower part is re-packed exactly (the
+format's own `unpack` / `pack`) and the stack dequantizes to the same values, bit for bit.
+
+`row-split-k128-v1` keeps every plane in (row, group) order, so the stack's planes are its parts'
+planes one after the other: only the narrower parts are re-packed; the widest ones are copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from inferno.artifact.formats import groupwise
+from inferno.errors import ArtifactError
+
+MERGEABLE = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")  # formats a stack may hold (one group size)
+
+
+def merged_format(formats: Sequence[str]) -> str:
+    """The format of a stack of parts in `formats`: the widest (all must be groupwise Q4-Q6)."""
+    bad = [f for f in formats if f not in MERGEABLE]
+    if bad or not formats:
+        raise ArtifactError(f"cannot stack {', '.join(formats) or 'no'} matrices by rows; "
+                            f"only {', '.join(MERGEABLE)} are merged")
+    return max(formats, key=lambda f: groupwise.SCHEMES[f].bits)
+
+
+def widen(src: str, dst: str, payload, shape: tuple[int, int]) -> np.ndarray:
+    """The `row-split-k128-v1` payload of `src` [n, k] re-packed as the (at least as wide) format `dst`."""
+    if groupwise.SCHEMES[dst].bits < groupwise.SCHEMES[src].bits:
+        raise ArtifactError(f"cannot narrow {src} to {dst} exactly")
+    if src == dst:
+        return np.frombuffer(payload, np.uint8)
+    return groupwise.pack(dst, *groupwise.unpack(src, payload, shape))
+
+
+def stack_rows(parts: Sequence[tuple[str, object, tuple[int, int]]]) -> tuple[str, np.ndarray, tuple[int, int]]:
+    """(format, payload, shape) of the parts (format, row-split payload, [n_i, k]) stacked by rows."""
+    fmt = merged_format([f for f, _, _ in parts])
+    k = parts[0][2][1]
+    if any(s[1] != k for _, _, s in parts):
+        raise ArtifactError(f"cannot stack matrices of different widths {[list(s) for _, _, s in parts]}")
+    n = sum(s[0] for _, _, s in parts)
+    out_geo = groupwise.geometry(fmt, (n, k))
+    out = np.zeros(out_geo.nbytes, np.uint8)
+    at = {"base": out_geo.base_offset, "high": out_geo.high_offset, "scale": out_geo.scale_offset}
+    for src, payload, shape in parts:
+        data = widen(src, fmt, payload, shape)
+        geo = groupwise.geometry(fmt, shape)
+        if data.size != geo.nbytes:
+            raise ArtifactError(f"{src} {list(shape)} payload has {data.size} bytes, its format needs {geo.nbytes}")
+        for plane, off, size in (("base", geo.base_offset, geo.base_bytes), ("high", geo.high_offset, geo.high_bytes),
+                                 ("scale", geo.scale_offset, geo.scale_bytes)):
+            out[at[plane]:at[plane] + size] = data[off:off + size]
+            at[plane] += size
+    return fmt, out, (n, k)
