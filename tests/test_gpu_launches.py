@@ -111,7 +111,8 @@ def dry(artifact, tmp_path_factory):
         return ops
 
     def host_buffers(self, emulate):
-        self._token = np.zeros(1, np.int32)
+        self._tokens = np.zeros(1 + 2 * self.plan.kv.max_seqs, np.int32)  # as GpuExecutor._host_buffers
+        self._token = self._tokens[:1]
         return np.zeros((64, self.program.step_words), np.int32), np.zeros(self.config.vocab, np.uint16)
 
     mp.setattr(GpuExecutor, "_make_ops", make_ops)
@@ -134,7 +135,9 @@ def test_every_decode_launch_passes_the_launchers(dry):
         # the norms are folded into the GEMVs that read them
         # the input projections: one GEMV of the merged matrix (INFERNO_MERGE_PROJ=1, the default), else two
         inputs = ["gemv_mma"] if ex.plan.merge else ["gemv_mma", "gemv_mma"]
-        per_gdn = ["gemv_bf16_t1_n", *inputs, "gdn_conv_step", "gemv_mma", "gemv_mma", "gemv_mma"]
+        # the a|b projection: computed by the GDN step itself (INFERNO_FOLD_AB=1, the default), else a bf16 GEMV
+        ab = [*inputs, "gdn_conv_step_ab"] if ex.ops.folds_ab(c.hidden) else ["gemv_bf16_t1_n", *inputs, "gdn_conv_step"]
+        per_gdn = [*ab, "gemv_mma", "gemv_mma", "gemv_mma"]
         per_attn = [*inputs, "attn_qk_prep", "attn_decode", "attn_combine", "gemv_mma", "gemv_mma", "gemv_mma"]
         want = ["embedding"]
         for kind in c.layer_types:

@@ -164,12 +164,13 @@ def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool, model: tup
     gemm = "n/a" if limits.gemm_tflops is None else format(limits.gemm_tflops, ",.0f")
     _log(f"limits: copy {limits.copy_gbps:,.0f} GB/s, GEMM {gemm} TFLOP/s")
     states = getattr(executor, "state_dtypes", StateDtypes("bf16", "bf16", "fp32"))
-    from inferno.model.gpu.residency import tiling_mode
+    from inferno.model.gpu.residency import merge_mode, tiling_mode
 
     dev = {"kind": "cuda", "name": gpu.name, "arch": gpu.arch, "executor": "gpu",
            "cuda_graph": getattr(executor, "cuda_graph", None), "tiling": tiling_mode(),
            "pdl": os.environ.get("INFERNO_PDL", "1") != "0", "branches": os.environ.get("INFERNO_BRANCHES", "1") != "0",
-           "fold_norm": os.environ.get("INFERNO_FOLD_NORM", "1") != "0"}
+           "fold_norm": os.environ.get("INFERNO_FOLD_NORM", "1") != "0", "merge_proj": merge_mode(),
+           "fold_ab": os.environ.get("INFERNO_FOLD_AB", "1") != "0"}
     return _Loaded(executor, limits, states, dev, settings, skipped, step_spans)
 
 
@@ -188,7 +189,8 @@ def _given(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-AB_SWITCHES = ("INFERNO_TILED", "INFERNO_PDL", "INFERNO_BRANCHES", "INFERNO_FOLD_NORM")  # environment A/B switches the command records
+AB_SWITCHES = ("INFERNO_TILED", "INFERNO_PDL", "INFERNO_BRANCHES", "INFERNO_FOLD_NORM", "INFERNO_MERGE_PROJ",
+               "INFERNO_FOLD_AB")  # environment A/B switches the command records
 
 
 def _command(target, device, s, json_out, kernel_table, no_cuda_graph) -> str:
@@ -226,7 +228,9 @@ def bench(
 
     GPU A/B switches (environment): INFERNO_TILED=head|all (groupwise-int matrices in tile16-v1 for
     the tensor-core GEMV: the output head only, or every decode matrix), INFERNO_PDL=0,
-    INFERNO_BRANCHES=0, INFERNO_FOLD_NORM=0 (a separate RMSNorm launch before the GEMVs that read it).
+    INFERNO_BRANCHES=0, INFERNO_FOLD_NORM=0 (a separate RMSNorm launch before the GEMVs that read it),
+    INFERNO_MERGE_PROJ=0 (a layer's input projections as two GEMVs), INFERNO_FOLD_AB=0 (the GDN a|b
+    projection as its own GEMV, not computed by the GDN step).
     """
     if device not in DEVICES:
         raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")

@@ -43,8 +43,8 @@ from inferno.model.config import ModelConfig
 
 BF16, F32, I32 = 2, 4, 4
 BLOCKING = frozenset({"upload", "download", "synchronize", "close"})  # host waits for the stream
-UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm"})  # not device work
-# (side / join: stream fork and join; folds_norm: a question about the kernels)
+UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "folds_ab", "marker"})  # not device work
+# (side / join: stream fork and join; folds_norm / folds_ab: questions about the kernels; marker: a wait point)
 HOST_COPIES = frozenset({"write", "read"})  # queued, timed, but never behind a held stream
 OPS_ATTRS = ("ops", "pops")  # where the executor and its programs hold device operations (Ops, PrefillOps)
 
@@ -285,7 +285,7 @@ class RecordingOps:
         return "embedding", Work(I32 + 2 * hidden * BF16, fixed=hidden * BF16)
 
     def _w_rmsnorm(self, x, w, y, n, eps):
-        return f"rmsnorm {role(w)}", Work(3 * n * BF16, fixed=n * BF16)
+        return f"rmsnorm {role(w)}", Work(3 * n * BF16, fixed=self._norm_bytes((w, eps), n))
 
     def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None):
         m = n // 2 if epilogue == "swiglu" else n
@@ -311,14 +311,15 @@ class RecordingOps:
                 Work(weights + (k + n) * BF16, 2 * n * k, fixed=weights))
 
     def _norm_bytes(self, norm, k: int) -> int:
-        """The folded norm's weight bytes, counted by the first GEMV of the recording that reads it."""
+        """A norm's weight bytes, counted by the first launch of the recording that reads it (an rmsnorm,
+        a GEMV folding it, the GDN step computing a|b)."""
         if norm is None or norm[0].ptr in self._norms:
             return 0
         self._norms.add(norm[0].ptr)
         return k * BF16
 
     def _w_gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
-                         k_heads, v_heads, n_slots, eps):
+                         k_heads, v_heads, n_slots, eps, ab=None):
         c = self.c
         dk, dv = c.gdn_k_dim, c.gdn_v_dim
         channels = 2 * k_heads * dk + v_heads * dv
@@ -326,9 +327,16 @@ class RecordingOps:
         rec = 2 * v_heads * dk * dv * STATE_DTYPES[self.dtypes.recurrent]  # read + written
         weights = c.conv_kernel * channels * BF16 + 2 * v_heads * F32 + dv * BF16  # conv, a_log, dt_bias, norm
         act = (channels + 2 * v_heads * dv + 2 * v_heads) * BF16  # x (q k v), z, out, a b
+        flops = 2 * c.conv_kernel * channels + 7 * v_heads * dk * dv
+        name = "gdn_conv_step"
+        if ab is not None:  # a, b from the residual row: W_ab and the norm weight read, h for a, b
+            hidden = ab[3]
+            weights += 2 * v_heads * hidden * BF16 + self._norm_bytes((ab[1], ab[4]), hidden)
+            act += (hidden - 2 * v_heads) * BF16
+            flops += 4 * v_heads * hidden
+            name = "gdn_conv_step_ab"
         fixed = window + rec + weights
-        return "gdn_conv_step", Work(I32 + act + fixed, 2 * c.conv_kernel * channels + 7 * v_heads * dk * dv,
-                                     fixed=fixed)
+        return name, Work(I32 + act + fixed, flops, fixed=fixed)
 
     def _w_attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g):
         d = g.head_dim
@@ -465,7 +473,7 @@ def record(executor: Any, run: Callable[[], Any]) -> RecordingOps:
 
 # ---- device spans of the executor's normal run (graph replay) ----------------------------------------
 HOST_WAITS = frozenset({"synchronize", "download"})  # the host waits for the stream: the open span ends
-SPAN_PASS = frozenset({"alloc", "upload", "preload_gemv", "close", "side", "join"})  # not queued stream work
+SPAN_PASS = frozenset({"alloc", "upload", "preload_gemv", "close", "side", "join", "folds_norm", "folds_ab"})  # not queued stream work
 
 
 class SpanClock:
