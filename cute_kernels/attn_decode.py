@@ -1,7 +1,8 @@
 """Gated attention decode over the paged KV cache: split-K partials, then a gated combine.
 
-AttnDecodeMma (the default: QK^T and PV on tensor cores, see its docstring), AttnDecodePipelined
-(the previous default) and AttnDecode (the one before, kept as a baseline): one CTA per
+AttnDecodeMma (the default: QK^T and PV on tensor cores, see its docstring), AttnDecodeFused (the
+same with attn_prep's q/k norm + RoPE and the K/V append folded in), AttnDecodePipelined (the
+previous default) and AttnDecode (the one before, kept as a baseline): one CTA per
 (split s, kv head g, sequence b), 8 warps. The sequence's n = cdiv(lens[b], 64) pages are
 cut into S splits of pps = cdiv(n, S) pages; CTA s walks pages s*pps .. min(n, (s+1)*pps) - 1 in
 blocks of T tokens (CTAs past the end do nothing). The G query heads of kv head g share every K/V
@@ -488,29 +489,51 @@ class AttnDecodeMma:
         self.block = block
         self.ctas_per_sm = ctas_per_sm
         self.stages = stages
+        self.fused = False  # AttnDecodeFused: q/k norm + RoPE and the K/V append in the same kernel
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mLens: cute.Tensor, mPT: cute.Tensor, mKV: cute.Tensor,
                  mPO: cute.Tensor, mPL: cute.Tensor, scale: cutlass.Float32, stream: cuda.CUstream):
-        T = self.block
-        dt = cutlass.BFloat16
         splits = cute.size(mPL, mode=[2])
         hkv = cute.size(mQ, mode=[1]) // self.group
         b = cute.size(mQ, mode=[0])
+        sKV_layout, g2s, tiled_mma, tiled_mma_o, storage = self._plan()
+        self.kernel(mQ, mLens, mPT, mKV, mPO, mPL, scale, sKV_layout, g2s, tiled_mma, tiled_mma_o, storage).launch(
+            grid=(splits, hkv, b), block=(THREADS, 1, 1), stream=stream,
+            min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=-1,
+        )
+
+    def _plan(self):
+        """The stage layout, the copy and MMA atoms and the shared-memory struct (traced in __call__)."""
+        T = self.block
+        dt = cutlass.BFloat16
         # 8 rows x 64 columns (128 bytes) per swizzle atom; [token, dim, stage].
         atom = cute.make_composed_layout(cute.make_swizzle(3, 3, 3), 0, cute.make_layout((8, 64), stride=(64, 1)))
         sKV_layout = cute.tile_to_shape(atom, (T, HEAD_DIM, self.stages), (0, 1, 2))
+        kv_elems = cute.cosize(sKV_layout)
 
         @cute.struct
         class SharedStorage:
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(sKV_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, kv_elems], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, kv_elems], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[dt, M_ROWS * Q_STRIDE], 16]
             sP: cute.struct.Align[cute.struct.MemRange[dt, M_ROWS * P_STRIDE], 16]
             sS: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, D_PARTS * WARPS * T], 16]
             sAlpha: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, WARPS], 16]
             sM: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, WARPS], 16]
             sL: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, WARPS], 16]
+
+        @cute.struct
+        class FusedStorage:  # + the new token's K and V rows (bf16) before they go into their stage
+            sK: cute.struct.Align[cute.struct.MemRange[dt, kv_elems], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, kv_elems], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, M_ROWS * Q_STRIDE], 16]
+            sP: cute.struct.Align[cute.struct.MemRange[dt, M_ROWS * P_STRIDE], 16]
+            sS: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, D_PARTS * WARPS * T], 16]
+            sAlpha: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, WARPS], 16]
+            sM: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, WARPS], 16]
+            sL: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, WARPS], 16]
+            sNew: cute.struct.Align[cute.struct.MemRange[dt, 2 * HEAD_DIM], 16]
 
         # 16-byte cp.async: 8 threads span one 128-byte atom row, 32 rows per pass.
         g2s = cute.make_tiled_copy_tv(
@@ -520,33 +543,46 @@ class AttnDecodeMma:
         tiled_mma = cute.make_tiled_mma(warp.MmaF16BF16Op(dt, cutlass.Float32, (16, 8, 16)), (1, 1, 1),
                                         permutation_mnk=(16, 16, 16))
         # PV: a warp pair shares one 64-dim atom column of V, split by the thread partition (warp
-        # 2p + j gets the n8 tiles j, j + 2, ..), never by slicing inside a swizzle atom (see kernel).
+        # 2p + j gets the n8 tiles j, j + 2, ..), never by slicing inside a swizzle atom (see _attend).
         tiled_mma_o = cute.make_tiled_mma(warp.MmaF16BF16Op(dt, cutlass.Float32, (16, 8, 16)), (1, 2, 1),
                                           permutation_mnk=(16, 64, 16))
-        self.kernel(mQ, mLens, mPT, mKV, mPO, mPL, scale, sKV_layout, g2s, tiled_mma, tiled_mma_o,
-                    SharedStorage).launch(
-            grid=(splits, hkv, b), block=(THREADS, 1, 1), stream=stream,
-            min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=-1,
-        )
+        return sKV_layout, g2s, tiled_mma, tiled_mma_o, FusedStorage if self.fused else SharedStorage
 
     @cute.jit
     def _issue(self, g2s: cute.TiledCopy, mKV: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor, coord: cute.Tensor,
                stage, page, blk, length, hkv, kvh, tidx):
         """cp.async the K and V rows < length of block `blk` (in page `page`) into stage `stage`;
-        the other rows of the stage are zero-filled (a V row times P = 0 must not be NaN)."""
+        the other rows of the stage are zero-filled (a V row times P = 0 must not be NaN). Fused:
+        the new token's row (length - 1) is neither copied nor filled (`_attend` writes it)."""
         T = self.block
         per_page = PAGE // T
         valid = length - blk * T
+        cached = valid - 1 if self.fused else valid  # rows read from the pool
         thr = g2s.get_slice(tidx)
         tile_k = (page * 2 * hkv + kvh) * per_page + blk % per_page  # K rows of the block / T
         for kv in cutlass.range_constexpr(2):
             src = thr.partition_S(cute.local_tile(mKV, (T, HEAD_DIM), (tile_k + kv * hkv * per_page, 0)))
             dst = thr.partition_D((sK, sV)[kv][None, None, stage])
             for m in cutlass.range_constexpr(cute.size(dst.shape[1])):
-                if coord[0, m, 0][0] < valid:
+                if coord[0, m, 0][0] < cached:
                     cute.copy(g2s, src[None, m, None], dst[None, m, None])
                 else:
-                    dst[None, m, None].fill(0)
+                    if coord[0, m, 0][0] >= valid:
+                        dst[None, m, None].fill(0)
+
+    @cute.jit
+    def _prologue(self, g2s: cute.TiledCopy, mPT: cute.Tensor, mKV: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
+                  coord: cute.Tensor, p_begin, b_begin, b_end, length, hkv, kvh, seq, tidx):
+        """Blocks b_begin .. b_begin + stages - 1 go out first, one commit group each (an empty group
+        past the last block, so that group i always holds block b_begin + i)."""
+        per_page = PAGE // self.block
+        self._issue(g2s, mKV, sK, sV, coord, 0, mPT[seq, p_begin], b_begin, length, hkv, kvh, tidx)
+        cute.arch.cp_async_commit_group()
+        for st in cutlass.range_constexpr(1, self.stages):
+            if b_begin + st < b_end:
+                self._issue(g2s, mKV, sK, sV, coord, st, mPT[seq, (b_begin + st) // per_page], b_begin + st,
+                            length, hkv, kvh, tidx)
+            cute.arch.cp_async_commit_group()
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mLens: cute.Tensor, mPT: cute.Tensor, mKV: cute.Tensor,
@@ -556,10 +592,7 @@ class AttnDecodeMma:
         dt = cutlass.BFloat16
         tidx, _, _ = cute.arch.thread_idx()
         split, kvh, seq = cute.arch.block_idx()
-        wid = tidx // 32
-        lane = tidx % 32
         G, T = self.group, self.block
-        per_page = PAGE // T
         hkv = cute.size(mQ, mode=[1]) // G
         cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
         cute.arch.griddepcontrol_launch_dependents()
@@ -570,32 +603,16 @@ class AttnDecodeMma:
         storage = smem.allocate(SharedStorage)
         sK = storage.sK.get_tensor(sKV_layout)  # [token, dim, stage]
         sV = storage.sV.get_tensor(sKV_layout)
-        sVt = cute.composition(sV, cute.make_layout((HEAD_DIM, T, self.stages),
-                                                    stride=(T, 1, T * HEAD_DIM)))  # [dim, token, stage]
         sQ = storage.sQ.get_tensor(cute.make_layout((M_ROWS, HEAD_DIM), stride=(Q_STRIDE, 1)))
-        sP = storage.sP.get_tensor(cute.make_layout((M_ROWS, T), stride=(P_STRIDE, 1)))
-        sS = storage.sS.get_tensor(cute.make_layout((D_PARTS, WARPS, T), stride=(WARPS * T, T, 1)))
-        sAlpha = storage.sAlpha.get_tensor(cute.make_layout((WARPS,)))
-        sM = storage.sM.get_tensor(cute.make_layout((WARPS,)))
-        sL = storage.sL.get_tensor(cute.make_layout((WARPS,)))
 
         if p_begin < p_end:
-            b_begin = p_begin * per_page
-            b_end = cutlass.min(p_end * per_page, (length + T - 1) // T)
+            b_begin = p_begin * (PAGE // T)
+            b_end = cutlass.min(p_end * (PAGE // T), (length + T - 1) // T)
             coord = g2s.get_slice(tidx).partition_S(cute.make_identity_tensor((T, HEAD_DIM)))
-            # Blocks b_begin .. b_begin + stages - 1 go out first, one commit group each (an empty
-            # group past the last block, so that group i always holds block b_begin + i).
-            self._issue(g2s, mKV, sK, sV, coord, 0, mPT[seq, p_begin], b_begin, length, hkv, kvh, tidx)
-            cute.arch.cp_async_commit_group()
-            for st in cutlass.range_constexpr(1, self.stages):
-                if b_begin + st < b_end:
-                    self._issue(g2s, mKV, sK, sV, coord, st, mPT[seq, (b_begin + st) // per_page], b_begin + st,
-                                length, hkv, kvh, tidx)
-                cute.arch.cp_async_commit_group()
+            self._prologue(g2s, mPT, mKV, sK, sV, coord, p_begin, b_begin, b_end, length, hkv, kvh, seq, tidx)
 
             # q_h = hi + lo: bf16 hi in row h, the bf16 rounding of q - hi in row 8 + h (rows of heads
-            # >= G zero), so S row h + S row 8 + h is q . k to ~2^-17 relative. P rows of heads >= G
-            # stay zero and their alpha 1.
+            # >= G zero), so S row h + S row 8 + h is q . k to ~2^-17 relative.
             rq = cute.make_rmem_tensor((1,), cutlass.Float32)
             rb = cute.make_rmem_tensor((1,), dt)
             for h in cutlass.range_constexpr(WARPS):
@@ -608,125 +625,326 @@ class AttnDecodeMma:
                 rq.store(rq.load() - rb.load().to(cutlass.Float32))
                 rb.store(rq.load().to(dt))
                 sQ[WARPS + h, tidx] = rb[0]
-            rb[0] = cutlass.BFloat16(0.0)
-            for h in cutlass.range_constexpr(G, WARPS):
-                if tidx < T:
-                    sP[h, tidx] = rb[0]
-                    sP[WARPS + h, tidx] = rb[0]
-            if tidx < WARPS:
-                sAlpha[tidx] = cutlass.Float32(1.0)
+            self._attend(mPT, mKV, mPO, mPL, storage, sKV_layout, g2s, tiled_mma, tiled_mma_o, coord, b_begin,
+                         b_end, length, hkv, kvh, seq, split, scale, tidx, -1)
+
+    @cute.jit
+    def _attend(self, mPT: cute.Tensor, mKV: cute.Tensor, mPO: cute.Tensor, mPL: cute.Tensor, storage,
+                sKV_layout: cute.ComposedLayout, g2s: cute.TiledCopy, tiled_mma: cute.TiledMma,
+                tiled_mma_o: cute.TiledMma, coord: cute.Tensor, b_begin, b_end, length, hkv, kvh, seq, split,
+                scale, tidx, new_blk):
+        """The block loop of a CTA whose q (hi and lo rows) is in sQ and whose first `stages` blocks are
+        issued, then its part_o / part_lse. Fused: block `new_blk` gets the new token's K and V row
+        from sNew (written before the first barrier here)."""
+        dt = cutlass.BFloat16
+        wid = tidx // 32
+        lane = tidx % 32
+        G, T = self.group, self.block
+        per_page = PAGE // T
+        sK = storage.sK.get_tensor(sKV_layout)  # [token, dim, stage]
+        sV = storage.sV.get_tensor(sKV_layout)
+        sVt = cute.composition(sV, cute.make_layout((HEAD_DIM, T, self.stages),
+                                                    stride=(T, 1, T * HEAD_DIM)))  # [dim, token, stage]
+        sQ = storage.sQ.get_tensor(cute.make_layout((M_ROWS, HEAD_DIM), stride=(Q_STRIDE, 1)))
+        sP = storage.sP.get_tensor(cute.make_layout((M_ROWS, T), stride=(P_STRIDE, 1)))
+        sS = storage.sS.get_tensor(cute.make_layout((D_PARTS, WARPS, T), stride=(WARPS * T, T, 1)))
+        sAlpha = storage.sAlpha.get_tensor(cute.make_layout((WARPS,)))
+        sM = storage.sM.get_tensor(cute.make_layout((WARPS,)))
+        sL = storage.sL.get_tensor(cute.make_layout((WARPS,)))
+
+        # P rows of heads >= G stay zero and their alpha 1.
+        rb = cute.make_rmem_tensor((1,), dt)
+        rb[0] = cutlass.BFloat16(0.0)
+        for h in cutlass.range_constexpr(G, WARPS):
+            if tidx < T:
+                sP[h, tidx] = rb[0]
+                sP[WARPS + h, tidx] = rb[0]
+        if tidx < WARPS:
+            sAlpha[tidx] = cutlass.Float32(1.0)
+        cute.arch.sync_threads()
+
+        thr_mma = tiled_mma.get_slice(lane)
+        ld_a = cute.make_tiled_copy_A(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), dt), tiled_mma)
+        ld_b = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), dt), tiled_mma)
+        thr_ld_a, thr_ld_b = (c.get_slice(lane) for c in (ld_a, ld_b))
+        pair_t = tidx % 64  # thread of the PV warp pair
+        thr_mma_o = tiled_mma_o.get_slice(pair_t)
+        ld_p = cute.make_tiled_copy_A(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), dt), tiled_mma_o)
+        ld_vt = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(True, 4), dt), tiled_mma_o)
+        thr_ld_p, thr_ld_vt = (c.get_slice(pair_t) for c in (ld_p, ld_vt))
+
+        # QK: this warp's tokens half and dims quarter; its q fragments stay in registers.
+        tq = wid % 2
+        dq = wid // 2
+        sQw = cute.local_tile(sQ, (M_ROWS, HEAD_DIM // D_PARTS), (0, dq))
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQw))
+        cute.copy(ld_a, thr_ld_a.partition_S(sQw), thr_ld_a.retile(tSrQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(
+            cute.local_tile(sK[None, None, 0], (16, HEAD_DIM // D_PARTS), (tq, dq))))
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((M_ROWS, 16)), cutlass.Float32)
+        acc_S_rc = _rows_cols(acc_S)  # [(row g, row g + 8), cols]: hi and lo of one head, one thread
+        tScS = _rows_cols(thr_mma.partition_C(cute.make_identity_tensor((M_ROWS, 16))))
+        # PV: this warp's 32 of the 64 dims (atom column wid // 2) of its pair.
+        tOrP = thr_mma_o.make_fragment_A(thr_mma_o.partition_A(sP))
+        tOrVt = thr_mma_o.make_fragment_B(thr_mma_o.partition_B(
+            cute.local_tile(sVt[None, None, 0], (64, T), (wid // 2, 0))))
+        acc_O = cute.make_rmem_tensor(thr_mma_o.partition_shape_C((M_ROWS, 64)), cutlass.Float32)
+        acc_O.fill(0.0)
+        acc_O_rc = _rows_cols(acc_O)
+        tOcO = _rows_cols(thr_mma_o.partition_C(cute.make_identity_tensor((M_ROWS, 64))))
+        rp = cute.make_rmem_tensor((1,), cutlass.Float32)
+        rpb = cute.make_rmem_tensor((1,), dt)
+
+        scale_log2 = scale * LOG2E
+        m_run = cutlass.Float32(NEG_INF)
+        l_run = cutlass.Float32(0.0)
+        for blk in cutlass.range(b_begin, b_end, 1, unroll=1):
+            stage = (blk - b_begin) % self.stages
+            valid = length - blk * T
+            page_next = mPT[seq, cutlass.min(blk + self.stages, b_end - 1) // per_page]
+            cute.arch.cp_async_wait_group(self.stages - 1)  # block blk landed (later ones may be in flight)
+            if cutlass.const_expr(self.fused):
+                if blk == new_blk:  # the new token's row, skipped by _issue: from sNew, one dim per thread
+                    sNew = storage.sNew.get_tensor(cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)))
+                    sK[length - 1 - blk * T, tidx, stage] = sNew[0, tidx]
+                    sV[length - 1 - blk * T, tidx, stage] = sNew[1, tidx]
             cute.arch.sync_threads()
 
-            thr_mma = tiled_mma.get_slice(lane)
-            ld_a = cute.make_tiled_copy_A(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), dt), tiled_mma)
-            ld_b = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), dt), tiled_mma)
-            thr_ld_a, thr_ld_b = (c.get_slice(lane) for c in (ld_a, ld_b))
-            pair_t = tidx % 64  # thread of the PV warp pair
-            thr_mma_o = tiled_mma_o.get_slice(pair_t)
-            ld_p = cute.make_tiled_copy_A(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), dt), tiled_mma_o)
-            ld_vt = cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(True, 4), dt), tiled_mma_o)
-            thr_ld_p, thr_ld_vt = (c.get_slice(pair_t) for c in (ld_p, ld_vt))
+            # 1. Partial S of this warp's 16 tokens over its 64 dims.
+            sKw = cute.local_tile(sK[None, None, stage], (16, HEAD_DIM // D_PARTS), (tq, dq))
+            cute.copy(ld_b, thr_ld_b.partition_S(sKw), thr_ld_b.retile(tSrK))
+            acc_S.fill(0.0)
+            for k in cutlass.range_constexpr(cute.size(tSrK.shape[2])):
+                cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
+            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                sS[dq, tScS[0, c][0], tq * 16 + tScS[0, c][1]] = acc_S_rc[0, c] + acc_S_rc[1, c]
+            cute.arch.sync_threads()
 
-            # QK: this warp's tokens half and dims quarter; its q fragments stay in registers.
-            tq = wid % 2
-            dq = wid // 2
-            sQw = cute.local_tile(sQ, (M_ROWS, HEAD_DIM // D_PARTS), (0, dq))
-            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQw))
-            cute.copy(ld_a, thr_ld_a.partition_S(sQw), thr_ld_a.retile(tSrQ))
-            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(
-                cute.local_tile(sK[None, None, 0], (16, HEAD_DIM // D_PARTS), (tq, dq))))
-            acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((M_ROWS, 16)), cutlass.Float32)
-            acc_S_rc = _rows_cols(acc_S)  # [(row g, row g + 8), cols]: hi and lo of one head, one thread
-            tScS = _rows_cols(thr_mma.partition_C(cute.make_identity_tensor((M_ROWS, 16))))
-            # PV: this warp's 32 of the 64 dims (atom column wid // 2) of its pair.
-            tOrP = thr_mma_o.make_fragment_A(thr_mma_o.partition_A(sP))
-            tOrVt = thr_mma_o.make_fragment_B(thr_mma_o.partition_B(
-                cute.local_tile(sVt[None, None, 0], (64, T), (wid // 2, 0))))
-            acc_O = cute.make_rmem_tensor(thr_mma_o.partition_shape_C((M_ROWS, 64)), cutlass.Float32)
-            acc_O.fill(0.0)
-            acc_O_rc = _rows_cols(acc_O)
-            tOcO = _rows_cols(thr_mma_o.partition_C(cute.make_identity_tensor((M_ROWS, 64))))
-            rp = cute.make_rmem_tensor((1,), cutlass.Float32)
-            rpb = cute.make_rmem_tensor((1,), dt)
-
-            scale_log2 = scale * LOG2E
-            m_run = cutlass.Float32(NEG_INF)
-            l_run = cutlass.Float32(0.0)
-            for blk in cutlass.range(b_begin, b_end, 1, unroll=1):
-                stage = (blk - b_begin) % self.stages
-                valid = length - blk * T
-                page_next = mPT[seq, cutlass.min(blk + self.stages, b_end - 1) // per_page]
-                cute.arch.cp_async_wait_group(self.stages - 1)  # block blk landed (later ones may be in flight)
-                cute.arch.sync_threads()
-
-                # 1. Partial S of this warp's 16 tokens over its 64 dims.
-                sKw = cute.local_tile(sK[None, None, stage], (16, HEAD_DIM // D_PARTS), (tq, dq))
-                cute.copy(ld_b, thr_ld_b.partition_S(sKw), thr_ld_b.retile(tSrK))
-                acc_S.fill(0.0)
-                for k in cutlass.range_constexpr(cute.size(tSrK.shape[2])):
-                    cute.gemm(tiled_mma, acc_S, tSrQ[None, None, k], tSrK[None, None, k], acc_S)
-                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                    sS[dq, tScS[0, c][0], tq * 16 + tScS[0, c][1]] = acc_S_rc[0, c] + acc_S_rc[1, c]
-                cute.arch.sync_threads()
-
-                # 2. Online softmax (base 2), warp h < G for head h, lane = token.
-                if wid < G:
-                    s = sS[0, wid, lane]
-                    for part in cutlass.range_constexpr(1, D_PARTS):
-                        s = s + sS[part, wid, lane]
-                    s = s * scale_log2
-                    if lane >= valid:
-                        s = cutlass.Float32(NEG_INF)
-                    m_new = cute.math.max(m_run, _warp_max(s))
-                    alpha = cute.math.exp2(m_run - m_new, fastmath=True)
-                    p = cute.math.exp2(s - m_new, fastmath=True)
-                    rp[0] = p
-                    rpb.store(rp.load().to(dt))  # P = hi + lo as for q: rows h and 8 + h
-                    sP[wid, lane] = rpb[0]
-                    rp.store(rp.load() - rpb.load().to(cutlass.Float32))
-                    rpb.store(rp.load().to(dt))
-                    sP[WARPS + wid, lane] = rpb[0]
-                    l_run = l_run * alpha + _warp_sum(p)
-                    m_run = m_new
-                    if lane == 0:
-                        sAlpha[wid] = alpha
-                cute.arch.sync_threads()
-
-                # 3. O = alpha O + P V over this warp's 32 dims.
-                cute.copy(ld_p, thr_ld_p.partition_S(sP), thr_ld_p.retile(tOrP))
-                # The pair's atom column: a slice whole swizzle atoms in; the warp's tiles come from
-                # the thread partition. A slice inside an atom (local_tile (32, T) at (wid, 0), dynamic
-                # or static) reaches ldmatrix with its offset counted twice, once through the swizzle
-                # and once more on the pointer (CuTe DSL 4.8.1, seen in the PTX): odd warps read
-                # the wrong V rows.
-                sVa = cute.local_tile(sVt[None, None, stage], (64, T), (wid // 2, 0))
-                cute.copy(ld_vt, thr_ld_vt.partition_S(sVa), thr_ld_vt.retile(tOrVt))
-                alpha_g = sAlpha[tOcO[0, 0][0]]  # rows g and g + 8 are one head's hi and lo parts
-                for i in cutlass.range_constexpr(cute.size(acc_O)):
-                    acc_O[i] = acc_O[i] * alpha_g
-                for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
-                    cute.gemm(tiled_mma_o, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
-
-                # Every warp is done with this stage (and sP, sAlpha): block blk + stages goes there.
-                cute.arch.sync_threads()
-                if blk + self.stages < b_end:
-                    self._issue(g2s, mKV, sK, sV, coord, stage, page_next, blk + self.stages, length, hkv, kvh, tidx)
-                cute.arch.cp_async_commit_group()
-
-            # part_o = O / l straight from the accumulators (rows < G), part_lse = m + log2 l.
+            # 2. Online softmax (base 2), warp h < G for head h, lane = token.
             if wid < G:
+                s = sS[0, wid, lane]
+                for part in cutlass.range_constexpr(1, D_PARTS):
+                    s = s + sS[part, wid, lane]
+                s = s * scale_log2
+                if lane >= valid:
+                    s = cutlass.Float32(NEG_INF)
+                m_new = cute.math.max(m_run, _warp_max(s))
+                alpha = cute.math.exp2(m_run - m_new, fastmath=True)
+                p = cute.math.exp2(s - m_new, fastmath=True)
+                rp[0] = p
+                rpb.store(rp.load().to(dt))  # P = hi + lo as for q: rows h and 8 + h
+                sP[wid, lane] = rpb[0]
+                rp.store(rp.load() - rpb.load().to(cutlass.Float32))
+                rpb.store(rp.load().to(dt))
+                sP[WARPS + wid, lane] = rpb[0]
+                l_run = l_run * alpha + _warp_sum(p)
+                m_run = m_new
                 if lane == 0:
-                    sM[wid] = m_run
-                    sL[wid] = l_run
+                    sAlpha[wid] = alpha
             cute.arch.sync_threads()
-            row = tOcO[0, 0][0]
-            if row < G:
-                inv_l = 1.0 / sL[row]
-                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                    dim = (wid // 2) * 64 + tOcO[0, c][1]
-                    mPO[seq, kvh * G + row, split, dim] = (acc_O_rc[0, c] + acc_O_rc[1, c]) * inv_l
-            if tidx < G:
-                mPL[seq, kvh * G + tidx, split] = sM[tidx] + cute.math.log2(sL[tidx], fastmath=False)
+
+            # 3. O = alpha O + P V over this warp's 32 dims.
+            cute.copy(ld_p, thr_ld_p.partition_S(sP), thr_ld_p.retile(tOrP))
+            # The pair's atom column: a slice whole swizzle atoms in; the warp's tiles come from
+            # the thread partition. A slice inside an atom (local_tile (32, T) at (wid, 0), dynamic
+            # or static) reaches ldmatrix with its offset counted twice, once through the swizzle
+            # and once more on the pointer (CuTe DSL 4.8.1, seen in the PTX): odd warps read
+            # the wrong V rows.
+            sVa = cute.local_tile(sVt[None, None, stage], (64, T), (wid // 2, 0))
+            cute.copy(ld_vt, thr_ld_vt.partition_S(sVa), thr_ld_vt.retile(tOrVt))
+            alpha_g = sAlpha[tOcO[0, 0][0]]  # rows g and g + 8 are one head's hi and lo parts
+            for i in cutlass.range_constexpr(cute.size(acc_O)):
+                acc_O[i] = acc_O[i] * alpha_g
+            for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
+                cute.gemm(tiled_mma_o, acc_O, tOrP[None, None, k], tOrVt[None, None, k], acc_O)
+
+            # Every warp is done with this stage (and sP, sAlpha): block blk + stages goes there.
+            cute.arch.sync_threads()
+            if blk + self.stages < b_end:
+                self._issue(g2s, mKV, sK, sV, coord, stage, page_next, blk + self.stages, length, hkv, kvh, tidx)
+            cute.arch.cp_async_commit_group()
+
+        # part_o = O / l straight from the accumulators (rows < G), part_lse = m + log2 l.
+        if wid < G:
+            if lane == 0:
+                sM[wid] = m_run
+                sL[wid] = l_run
+        cute.arch.sync_threads()
+        row = tOcO[0, 0][0]
+        if row < G:
+            inv_l = 1.0 / sL[row]
+            for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                dim = (wid // 2) * 64 + tOcO[0, c][1]
+                mPO[seq, kvh * G + row, split, dim] = (acc_O_rc[0, c] + acc_O_rc[1, c]) * inv_l
+        if tidx < G:
+            mPL[seq, kvh * G + tidx, split] = sM[tidx] + cute.math.log2(sL[tidx], fastmath=False)
+
+
+
+
+def _norm_rope(rX: cute.Tensor, rW: cute.Tensor, rCos: cute.Tensor, rSin: cute.Tensor, eps, partner_lanes: int,
+               rY: cute.Tensor):
+    """rY = rope(rmsnorm(rX; rW)) for one head held by a warp, 8 dims per lane (as AttnQkPrep): the
+    zero-centred RMSNorm is one warp reduction; RoPE pairs lane l with lane l ^ partner_lanes, with
+    the rotate-half sign folded into rSin (cos 1, sin 0 on lanes without rotary dims)."""
+    x = rX.load().to(cutlass.Float32)
+    ss = _warp_sum((x * x).reduce(cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0))
+    scale = cute.math.rsqrt(ss / HEAD_DIM + eps, fastmath=False)
+    rY.store(x * scale * (rW.load().to(cutlass.Float32) + 1.0))
+    for e in range(VEC):  # unrolled at trace time
+        partner = cute.arch.shuffle_sync_bfly(rY[e], offset=partner_lanes)
+        rY[e] = rY[e] * rCos[e] + partner * rSin[e]
+
+
+class AttnDecodeFused(AttnDecodeMma):
+    """`AttnDecodeMma` with the decode prep folded in: one launch from the q/k/v projections to the
+    split-K partials (`attn_qk_prep` and the fp32 q scratch round trip are gone).
+
+    Before `griddepcontrol.wait` (nothing there is written by the previous kernels: lens, the page
+    table and positions come from the step buffer the host fills before the graph, the cache rows
+    < lens - 1 from earlier steps) each CTA reads lens and its pages, issues its first `stages` K/V
+    blocks, loads q_norm / k_norm and computes the RoPE cos / sin of the position. After it:
+
+      * warp h < G normalises and RoPEs q head kvh * G + h from q_proj (lane l: dims 8l..8l+7, as
+        AttnQkPrep) into the hi / lo rows of sQ; the split-0 CTA also writes it (fp32) to `q`.
+      * the CTA of the last used split (the one whose pages hold token lens - 1) appends the new
+        token: warp 7 normalises + RoPEs k, warp 6 takes v; both go to the cache row (bf16, as prep)
+        and to sNew. Its K/V block copies skip that row, and `_attend` writes it into the stage from
+        sNew, so no CTA reads the row from global memory in the step that writes it.
+
+    Then the block loop and outputs of `AttnDecodeMma`. lens = 0: q is still computed (split 0
+    writes it), nothing is cached and no split is used."""
+
+    def __init__(self, group: int, block: int = 32, ctas_per_sm: int = 2, stages: int = 2, rotary: int = 64):
+        super().__init__(group, block, ctas_per_sm, stages)
+        if rotary not in (16, 32, 64, 128, 256):
+            raise ValueError("rotary must be a power of two between 16 and 256")
+        self.fused = True
+        self.rotary = rotary
+        self.rot_lanes = rotary // VEC  # lanes holding rotary dims
+        self.half_lanes = self.rot_lanes // 2  # butterfly distance to the rotate_half partner
+
+    @cute.jit
+    def __call__(self, mQP: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQNorm: cute.Tensor,
+                 mKNorm: cute.Tensor, mPos: cute.Tensor, mLens: cute.Tensor, mPT: cute.Tensor, mKV: cute.Tensor,
+                 mQ: cute.Tensor, mPO: cute.Tensor, mPL: cute.Tensor, scale: cutlass.Float32, eps: cutlass.Float32,
+                 theta: cutlass.Float32, stream: cuda.CUstream):
+        splits = cute.size(mPL, mode=[2])
+        hkv = cute.size(mQ, mode=[1]) // self.group
+        b = cute.size(mQ, mode=[0])
+        sKV_layout, g2s, tiled_mma, tiled_mma_o, storage = self._plan()
+        self.kernel(mQP, mK, mV, mQNorm, mKNorm, mPos, mLens, mPT, mKV, mQ, mPO, mPL, scale, eps, theta, sKV_layout,
+                    g2s, tiled_mma, tiled_mma_o, storage).launch(
+            grid=(splits, hkv, b), block=(THREADS, 1, 1), stream=stream,
+            min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=-1,
+        )
+
+    @cute.kernel
+    def kernel(self, mQP: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mQNorm: cute.Tensor,
+               mKNorm: cute.Tensor, mPos: cute.Tensor, mLens: cute.Tensor, mPT: cute.Tensor, mKV: cute.Tensor,
+               mQ: cute.Tensor, mPO: cute.Tensor, mPL: cute.Tensor, scale: cutlass.Float32, eps: cutlass.Float32,
+               theta: cutlass.Float32, sKV_layout: cute.ComposedLayout, g2s: cute.TiledCopy,
+               tiled_mma: cute.TiledMma, tiled_mma_o: cute.TiledMma, SharedStorage: cutlass.Constexpr):
+        dt = cutlass.BFloat16
+        f32 = cutlass.Float32
+        tidx, _, _ = cute.arch.thread_idx()
+        split, kvh, seq = cute.arch.block_idx()
+        wid = tidx // 32
+        lane = tidx % 32
+        G, T = self.group, self.block
+        hkv = cute.size(mQ, mode=[1]) // G
+
+        # --- before the PDL wait: only what the previous kernels do not write ---
+        length = mLens[seq]
+        p_begin, p_end, used = _pages(length, cute.size(mPL, mode=[2]), split)
+        slot = cutlass.max(length - 1, 0)  # the new token's cache row
+        slot_page = mPT[seq, slot // PAGE]
+        b_begin = p_begin * (PAGE // T)
+        b_end = cutlass.min(p_end * (PAGE // T), (length + T - 1) // T)
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sK = storage.sK.get_tensor(sKV_layout)  # [token, dim, stage]
+        sV = storage.sV.get_tensor(sKV_layout)
+        sQ = storage.sQ.get_tensor(cute.make_layout((M_ROWS, HEAD_DIM), stride=(Q_STRIDE, 1)))
+        sNew = storage.sNew.get_tensor(cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)))
+        coord = g2s.get_slice(tidx).partition_S(cute.make_identity_tensor((T, HEAD_DIM)))
+        if p_begin < p_end:
+            self._prologue(g2s, mPT, mKV, sK, sV, coord, p_begin, b_begin, b_end, length, hkv, kvh, seq, tidx)
+
+        rQW = cute.make_rmem_tensor((VEC,), dt)
+        rKW = cute.make_rmem_tensor((VEC,), dt)
+        cute.autovec_copy(cute.zipped_divide(mQNorm, (VEC,))[None, lane], rQW)
+        cute.autovec_copy(cute.zipped_divide(mKNorm, (VEC,))[None, lane], rKW)
+        # RoPE of this lane's 8 dims: y cos + partner sin', sin' = -sin on the first half of the
+        # rotary lanes (the rotate_half sign), cos 1 and sin' 0 past the rotary dims.
+        rCos = cute.make_rmem_tensor((VEC,), f32)
+        rSin = cute.make_rmem_tensor((VEC,), f32)
+        pos = f32(mPos[seq])
+        log2_theta = cute.math.log2(theta, fastmath=False)
+        half = self.rotary // 2
+        for e in cutlass.range_constexpr(VEC):
+            j = (lane * VEC + e) % half
+            inv_freq = cute.math.exp2(f32(j) * (-2.0 / self.rotary) * log2_theta, fastmath=False)
+            angle = pos * inv_freq
+            c = cute.math.cos(angle, fastmath=False)
+            s = cute.math.sin(angle, fastmath=False)
+            if lane >= self.rot_lanes:
+                c = f32(1.0)
+                s = f32(0.0)
+            if lane < self.half_lanes:
+                s = -s
+            rCos[e] = c
+            rSin[e] = s
+
+        cute.arch.griddepcontrol_wait()  # PDL: q_proj, k and v come from the projection GEMVs
+        cute.arch.griddepcontrol_launch_dependents()
+        fresh = split == used - 1  # this CTA's pages hold the new token (never true for lens = 0)
+        rX = cute.make_rmem_tensor((VEC,), dt)
+        rN = cute.make_rmem_tensor((VEC,), dt)
+        if wid < G:
+            cute.autovec_copy(cute.zipped_divide(mQP[seq, kvh * G + wid, None], (VEC,))[None, lane], rX)
+        if fresh:
+            if wid == WARPS - 1:
+                cute.autovec_copy(cute.zipped_divide(mK[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN)
+            if wid == WARPS - 2:
+                cute.autovec_copy(cute.zipped_divide(mV[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN)
+
+        # q_h = hi + lo (as AttnDecodeMma): bf16 hi in row h, the bf16 rounding of q - hi in row 8 + h,
+        # rows of heads >= G zero.
+        rY = cute.make_rmem_tensor((VEC,), f32)
+        rHi = cute.make_rmem_tensor((VEC,), dt)
+        rLo = cute.make_rmem_tensor((VEC,), dt)
+        rHi.fill(0.0)
+        rLo.fill(0.0)
+        if wid < G:
+            _norm_rope(rX, rQW, rCos, rSin, eps, self.half_lanes, rY)
+            if split == 0:
+                cute.autovec_copy(rY, cute.zipped_divide(mQ[seq, kvh * G + wid, None], (VEC,))[None, lane])
+            rHi.store(rY.load().to(dt))
+            rLo.store((rY.load() - rHi.load().to(f32)).to(dt))
+        for e in cutlass.range_constexpr(VEC):
+            sQ[wid, lane * VEC + e] = rHi[e]
+            sQ[WARPS + wid, lane * VEC + e] = rLo[e]
+
+        if fresh:
+            row_k = (slot_page * 2 * hkv + kvh) * PAGE + slot % PAGE
+            if wid == WARPS - 1:  # k: norm + RoPE, bf16 into the cache (as prep) and sNew
+                _norm_rope(rN, rKW, rCos, rSin, eps, self.half_lanes, rY)
+                rN.store(rY.load().to(dt))
+                cute.autovec_copy(rN, cute.zipped_divide(mKV[row_k, None], (VEC,))[None, lane])
+            if wid == WARPS - 2:  # v as projected
+                cute.autovec_copy(rN, cute.zipped_divide(mKV[row_k + hkv * PAGE, None], (VEC,))[None, lane])
+            if wid >= WARPS - 2:
+                for e in cutlass.range_constexpr(VEC):
+                    sNew[wid - (WARPS - 2), lane * VEC + e] = rN[e]
+
+        if p_begin < p_end:
+            new_blk = cutlass.Int32(-1)
+            if fresh:
+                new_blk = b_end - 1
+            self._attend(mPT, mKV, mPO, mPL, storage, sKV_layout, g2s, tiled_mma, tiled_mma_o, coord, b_begin,
+                         b_end, length, hkv, kvh, seq, split, scale, tidx, new_blk)
 
 
 class AttnCombine:
@@ -827,13 +1045,19 @@ class AttnCombineOnline:
     and o together; indices clamped to the last used split, weights 0 past it) and keeps its own
     running maximum, rescaling its sums when the maximum grows; the groups meet in smem, each
     scaled by 2^(m_g - M) with M the largest group maximum. With 64 used splits and 8 groups of
-    8-split loads a thread waits for memory once (plus the lens and gate loads)."""
+    8-split loads a thread waits for memory once (plus the lens and gate loads).
 
-    def __init__(self, groups: int = 8, unroll: int = 8):
+    `early`: the lens and gate loads go out before `griddepcontrol.wait` (launched early behind the
+    decode kernel, the CTA then waits only for the partials). Only for callers whose lens are not
+    written by the kernels just before it (the host's step buffer) and whose gate was written at least
+    two launches back (the gate GEMV before the decode kernel)."""
+
+    def __init__(self, groups: int = 8, unroll: int = 8, early: bool = False):
         if groups not in (1, 2, 4, 8):
             raise ValueError("groups must be 1, 2, 4 or 8")
         self.groups = groups
         self.unroll = unroll
+        self.early = early
         self.threads = 64 * groups
 
     @cute.jit
@@ -851,12 +1075,16 @@ class AttnCombineOnline:
         grp = tidx // 64
         col = tidx % 64
         U = self.unroll
-        cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(not self.early):
+            cute.arch.griddepcontrol_wait()  # PDL: launched early, wait here for the previous kernel
+            cute.arch.griddepcontrol_launch_dependents()
         rG = cute.make_rmem_tensor((4,), cutlass.BFloat16)
         if grp == 0:  # the gate does not depend on lens: its load goes out first
             cute.autovec_copy(cute.zipped_divide(mGate[seq, head, None], (4,))[None, col], rG)
         _, _, used = _pages(mLens[seq], cute.size(mPL, mode=[2]), 0)
+        if cutlass.const_expr(self.early):
+            cute.arch.griddepcontrol_wait()  # the partials come from the decode kernel
+            cute.arch.griddepcontrol_launch_dependents()
 
         smem = cutlass.memory.SmemAllocator()
         sAcc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.groups, HEAD_DIM), stride=(HEAD_DIM, 1)),

@@ -64,6 +64,7 @@ def test_block_sizes_and_smem(built):
     for arch in ARCHS:
         assert _manifest(built, "attn_qk_prep", arch).block == [128, 1, 1]
         assert _manifest(built, "attn_combine", arch).block == [512, 1, 1]
+        assert _manifest(built, "attn_combine_early", arch).block == [512, 1, 1]
         assert _manifest(built, "attn_combine_serial", arch).block == [64, 1, 1]
         assert _manifest(built, "attn_combine_2pass", arch).block == [512, 1, 1]
         for v in av.DECODE_VARIANTS:
@@ -85,6 +86,16 @@ def test_block_sizes_and_smem(built):
                 assert need <= m.smem <= need + 256  # plus alignment padding
             if v.cls != "AttnDecode" and arch == "sm_90a":
                 assert v.config["ctas_per_sm"] * (m.smem + 1024) <= SMEM_LIMIT[arch]  # the CTAs fit side by side
+        for v in av.FUSED_VARIANTS:  # AttnDecodeMma's storage + the new token's K and V rows (2 x 256 bf16)
+            if arch not in v.archs:
+                continue
+            m = _manifest(built, v.name, arch)
+            unfused = _manifest(built, f"attn_decode_g{v.config['group']}{'_s3' if v.config['stages'] == 3 else ''}",
+                                arch)
+            assert m.block == [256, 1, 1] and m.config["block"] == 32
+            assert unfused.smem + 1024 <= m.smem <= unfused.smem + 2048
+            if arch == "sm_90a":
+                assert v.config["ctas_per_sm"] * (m.smem + 1024) <= SMEM_LIMIT[arch]
 
 
 def test_param_abi(built):
@@ -99,12 +110,18 @@ def test_param_abi(built):
         ("part_lse", "tensor", 40, ["B", "Hq", "S"], ["pl_sb", "pl_sh"]),
         ("scale", "f32", 4, [], []),
     ]
+    m = _manifest(built, "attn_decode_g6_fused", "sm_90a")  # prep's inputs, then decode's outputs
+    assert [(p.name, p.size) for p in m.params] == [
+        ("q_proj", 32), ("k", 24), ("v", 24), ("q_norm", 8), ("k_norm", 8), ("positions", 16), ("lens", 16),
+        ("page_table", 24), ("kv", 24), ("q", 24), ("part_o", 40), ("part_lse", 40), ("scale", 4), ("eps", 4),
+        ("rope_theta", 4)]
     m = _manifest(built, "attn_qk_prep", "sm_120a")
     assert [p.name for p in m.params] == ["q_proj", "k", "v", "q_norm", "k_norm", "positions", "lens", "page_table",
                                           "kv", "q", "eps", "rope_theta"]
     assert [p.size for p in m.params] == [32, 24, 24, 8, 8, 16, 16, 24, 24, 24, 4, 4]
     assert (m.params[0].dyn_shape, m.params[0].dyn_stride) == (["B", "Hq"], ["qp_sb", "qp_sh"])
-    for name in ("attn_combine", "attn_combine_2pass", "attn_combine_serial"):  # the gate: own row and head strides
+    # the gate: own row and head strides
+    for name in ("attn_combine", "attn_combine_early", "attn_combine_2pass", "attn_combine_serial"):
         m = _manifest(built, name, "sm_90a")
         assert [(p.name, p.size, p.dyn_shape, p.dyn_stride) for p in m.params][3:] == [
             ("gate", 32, ["B", "Hq"], ["gate_sb", "gate_sh"]), ("out", 24, ["B", "OD"], ["out_stride"])]
@@ -232,6 +249,64 @@ def test_paged_attention_reads_the_projection_rows(built, recorder):
     assert comb_params.raw("gate") == _tensor(0x19000000, (B, HQ), (ROW, 256))
 
 
+def test_fused_launcher_packs_manifest_layout(built, recorder):
+    d = _bufs()
+    qw = HQ * 256 * 2
+    k, v = d["qp"].view(qw, B * ROW * 2 - qw), d["gate"].view(qw, B * ROW * 2 - qw)
+    dec = av.AttnDecodeFused(_loaded(built, "attn_decode_g6_fused"))
+    dec(d["qp"], k, v, d["qn"], d["kn"], d["pos"], d["lens"], d["pt"], d["kv"], d["q"], d["po"], d["pl"], batch=B,
+        n_heads=HQ, n_kv_heads=HKV, table_width=W, splits=S, eps=1e-5, rope_theta=5e6, q_stride=ROW, kv_stride=ROW)
+    kernel, grid, block, params, smem = recorder.calls[-1]
+    assert kernel == "kernel:attn_decode_g6_fused" and grid == (S, HKV, B) and block == [256, 1, 1]
+    assert smem == dec.loaded.manifest.smem > 0
+    want = {"q_proj": _tensor(0x10000000, (B, HQ), (ROW, 256)), "k": _tensor(0x10000000 + qw, (B, 1024), (ROW,)),
+            "v": _tensor(0x19000000 + qw, (B, 1024), (ROW,)), "q_norm": _tensor(0x13000000),
+            "k_norm": _tensor(0x13001000), "positions": _tensor(0x14000000, (B,)),
+            "lens": _tensor(0x14001000, (B,)), "page_table": _tensor(0x14002000, (B, W), (W,)),
+            "kv": _tensor(0x20000000, (N_POOL * LAY.rows_per_page,), (256,)),
+            "q": _tensor(0x15000000, (B, HQ), (HQ * 256,)),
+            "part_o": _tensor(0x16000000, (B, HQ, S), (HQ * S * 256, S * 256)),
+            "part_lse": _tensor(0x17000000, (B, HQ, S), (HQ * S, S)), "scale": struct.pack("<f", 256 ** -0.5),
+            "eps": struct.pack("<f", 1e-5), "rope_theta": struct.pack("<f", 5e6)}
+    for p in dec.loaded.manifest.params:
+        assert params.raw(p.name) == want[p.name], p.name
+
+
+def test_paged_attention_with_the_fused_decode(built, recorder):
+    """A fused decode variant: two launches (no prep), the fused kernel reads the projection rows."""
+    pa = av.PagedAttention.__new__(av.PagedAttention)
+    pa.n_heads, pa.n_kv_heads = HQ, HKV
+    pa.prep, pa.decode, pa.combine = (None, av.AttnDecodeFused(_loaded(built, "attn_decode_g6_fused")),
+                                      av.AttnCombine(_loaded(built, "attn_combine")))
+    d = _bufs()
+    qw = HQ * 256 * 2
+    k, v = d["qp"].view(qw, B * ROW * 2 - qw), d["gate"].view(qw, B * ROW * 2 - qw)
+    scratch = _buf(0x30000000, pa.scratch_bytes(B, S), "scratch")
+    pa(d["qp"], d["gate"], k, v, d["qn"], d["kn"], d["pos"], d["lens"], d["pt"], d["kv"], scratch, d["out"], batch=B,
+       table_width=W, splits=S, q_stride=ROW, gate_stride=ROW, kv_stride=ROW)
+    assert [c[0] for c in recorder.calls] == ["kernel:attn_decode_g6_fused", "kernel:attn_combine"]
+    dec, comb = recorder.calls[0][3], recorder.calls[1][3]
+    assert dec.raw("q_proj") == _tensor(0x10000000, (B, HQ), (ROW, 256))
+    assert dec.raw("v") == _tensor(0x19000000 + qw, (B, HKV * 256), (ROW,))
+    assert dec.raw("q") == _tensor(0x30000000, (B, HQ), (HQ * 256,))
+    assert dec.raw("part_o") == comb.raw("part_o") and dec.raw("part_lse") == comb.raw("part_lse")
+    assert comb.raw("gate") == _tensor(0x19000000, (B, HQ), (ROW, 256))
+
+
+def test_fused_launcher_refuses_bad_arguments(built, recorder):
+    d = _bufs()
+    rest = (d["k"], d["v"], d["qn"], d["kn"], d["pos"], d["lens"], d["pt"], d["kv"], d["q"], d["po"], d["pl"])
+    shape = dict(batch=B, n_heads=HQ, n_kv_heads=HKV, table_width=W, splits=S)
+    with pytest.raises(LaunchError, match="group 6"):
+        av.AttnDecodeFused(_loaded(built, "attn_decode_g8_fused"))(d["qp"], *rest, **shape)
+    dec = av.AttnDecodeFused(_loaded(built, "attn_decode_g6_fused"))
+    for bad, match in ((dict(splits=S + 1), "part_o"), (dict(q_stride=HQ * 256 - 8), "q_stride"),
+                       (dict(kv_stride=1020), "kv_stride"), (dict(q_head_stride=128), "q_head_stride")):
+        with pytest.raises(LaunchError, match=match):
+            dec(d["qp"], *rest, **{**shape, **bad})
+    assert not recorder.calls
+
+
 def test_launchers_refuse_bad_arguments(built, recorder):
     d = _bufs()
     dec = av.AttnDecode(_loaded(built, "attn_decode_g8"))
@@ -270,6 +345,9 @@ def test_launchers_refuse_bad_arguments(built, recorder):
 def test_decode_variant_choice():
     assert av.decode_variant(24, 4).name == "attn_decode_g6"
     assert av.decode_variant(16, 2).name == "attn_decode_g8"
+    assert av.decode_variant(24, 4, fused=True).name == "attn_decode_g6_fused"
+    assert av.decode_variant(16, 2, fused=True).cls == "AttnDecodeFused"
+    assert av.attn_variant("attn_decode_g8_fused_s3").archs == ("sm_90a",)
     for g in av.GROUPS:  # tensor-core default, the previous pipelined kernel kept as a named fallback
         assert av.attn_variant(f"attn_decode_g{g}").cls == "AttnDecodeMma"
         assert av.attn_variant(f"attn_decode_g{g}_pipelined").cls == "AttnDecodePipelined"
@@ -371,14 +449,18 @@ def _bf(x):
     return np.asarray(x, np.float32).astype(bfloat16).astype(np.float32)
 
 
-def _emulate_cta(q, flat, table, length, splits, split, hkv, kvh, scale):
-    """One CTA (split, kv head) of AttnDecodeMma for one sequence: (part_o [G, 256], lse [G]) or None."""
+def _emulate_cta(q, flat, table, length, splits, split, hkv, kvh, scale, new_kv=None):
+    """One CTA (split, kv head) of AttnDecodeMma for one sequence: (part_o [G, 256], lse [G]) or None.
+    new_kv (AttnDecodeFused): the new token's (k, v) rows; the pool's rows >= length - 1 are not read,
+    the CTA of the last used split takes the new row from new_kv."""
     G, T, per_page = q.shape[0], 32, 2
     n_pages = -(-length // 64)
     pps = max(-(-n_pages // splits), 1)
     p_begin, p_end = split * pps, min(split * pps + pps, n_pages)
+    used = -(-n_pages // pps)
     if p_begin >= p_end:
         return None
+    fresh = new_kv is not None and split == used - 1
     qb = np.zeros((16, 256), np.float32)  # rows h: bf16 hi(q_h), rows 8 + h: bf16 lo = q_h - hi
     qb[:G] = _bf(q)
     qb[8:8 + G] = _bf(q - qb[:G])
@@ -393,6 +475,10 @@ def _emulate_cta(q, flat, table, length, splits, split, hkv, kvh, scale):
         sk = flat[tile_k * T:(tile_k + 1) * T].copy()
         sv = flat[(tile_k + hkv * per_page) * T:(tile_k + hkv * per_page + 1) * T].copy()
         sk[max(valid, 0):], sv[max(valid, 0):] = 0, 0  # rows past lens: zero-filled, never copied
+        if new_kv is not None and 0 < valid <= T:  # fused: the new row is not copied from the pool
+            sk[valid - 1] = sv[valid - 1] = np.nan
+            if fresh:
+                sk[valid - 1], sv[valid - 1] = new_kv
         s_part = np.full((4, 8, T), np.nan, np.float32)
         for w in range(8):
             tq, dq = w % 2, w // 2
@@ -457,6 +543,79 @@ def _emulate_combine(lse: np.ndarray, o: np.ndarray, groups: int = 8, unroll: in
     top = np.where(top == -np.inf, 0, top)
     f = np.exp2(m - top)
     return (acc * f[..., None]).sum(0) / np.maximum((wsum * f).sum(0), 1)[..., None]
+
+
+def _emulate_norm_rope(x, w, pos, theta, eps, rotary=64):
+    """AttnDecodeFused's q / k prep of one head, lane by lane: lane l holds dims 8l..8l+7; the RoPE
+    partner is lane l ^ (rotary / 16); the rotate-half sign sits in sin (negative on the first half of
+    the rotary lanes); lanes past the rotary dims get cos 1, sin 0 (fp32 as the kernel)."""
+    f32 = np.float32
+    x = x.astype(f32).reshape(32, 8)
+    y = x / np.sqrt((x.astype(np.float64) ** 2).sum() / 256 + eps) * (w.astype(f32).reshape(32, 8) + 1)
+    lanes, e = np.arange(32)[:, None], np.arange(8)[None, :]
+    j = (lanes * 8 + e) % (rotary // 2)
+    angle = f32(pos) * np.exp2(j.astype(f32) * f32(-2.0 / rotary) * np.log2(f32(theta)))
+    rot = np.broadcast_to(lanes < rotary // 8, (32, 8))
+    cos = np.where(rot, np.cos(angle), 1).astype(f32)
+    sin = np.where(rot, np.sin(angle), 0) * np.where(lanes < rotary // 16, -1, 1)
+    partner = y[np.arange(32) ^ (rotary // 16)]
+    return (y * cos + partner * sin.astype(f32)).reshape(256)
+
+
+def test_fused_prep_lane_math_matches_reference():
+    """The lane mapping of AttnDecodeFused's norm + RoPE (sign folded into sin) is NeoX RoPE on dims
+    0..63 of the zero-centred RMSNorm, as the reference applies it."""
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal(256), 0.5 * rng.standard_normal(256)
+    for pos in (0, 1, 63, 7680, 65535):
+        n = x / np.sqrt((x ** 2).mean() + 1e-6) * (1 + w)
+        half = 32
+        ang = pos * 1e7 ** (-2 * np.arange(half) / 64)
+        want = n.copy()
+        want[:half] = n[:half] * np.cos(ang) - n[half:64] * np.sin(ang)
+        want[half:64] = n[half:64] * np.cos(ang) + n[:half] * np.sin(ang)
+        # the fp32 angle is the only difference (~pos * 6e-8 rad), as in attn_qk_prep
+        assert rel_error(_emulate_norm_rope(x, w, pos, 1e7, 1e-6), want) < 1e-6 + pos * 2e-8, pos
+
+
+@pytest.mark.parametrize("lens,splits", [([1, 64, 65, 129], 3), ([7681], 66), ([97], 40), ([4000], 1)])
+def test_fused_decode_emulation_appends_the_new_row(lens, splits):
+    """AttnDecodeFused's split of the new token: only the last used split holds it (from registers via
+    sNew, never from the pool, whose row is not written yet), every other CTA stops before it; the
+    merged partials equal attention over history + the new k, v."""
+    rng = np.random.default_rng()
+    G, d, hkv = 6, 256, 4
+    lay = KVLayout(hkv)
+    need = [lay.pages_for(n) for n in lens]
+    order = rng.permutation(sum(need) + 1)
+    at, pages = 0, []
+    for n in need:
+        pages.append(order[at:at + n].tolist())
+        at += n
+    table = page_table(pages, max(need))
+    pool = lay.empty_pool(sum(need) + 1)  # NaN everywhere, the new rows included
+    for s, n in enumerate(lens):
+        if n > 1:
+            lay.write(pool, table[s], 0, rng.standard_normal((n - 1, hkv, d)).astype(np.float32),
+                      rng.standard_normal((n - 1, hkv, d)).astype(np.float32))
+    flat = pool.reshape(-1, d).astype(np.float32)
+    for s, n in enumerate(lens):
+        hist_k, hist_v = lay.gather(pool, table[s], n - 1) if n > 1 else (np.zeros((0, hkv, d)),) * 2
+        for kvh in (0, hkv - 1):
+            q = _bf(rng.standard_normal((G, d)))
+            k_new, v_new = _bf(rng.standard_normal(d)), _bf(rng.standard_normal(d))
+            parts = [_emulate_cta(q, flat, table[s], n, splits, i, hkv, kvh, d ** -0.5, (k_new, v_new))
+                     for i in range(splits)]
+            used = [p for p in parts if p is not None]
+            assert all(np.isfinite(p[0]).all() for p in used)
+            lse = np.stack([p[1] for p in used])
+            w = np.exp2(lse - lse.max(0))
+            o = (np.stack([p[0] for p in used]) * w[..., None]).sum(0) / w.sum(0)[:, None]
+            keys = np.concatenate([hist_k[:, kvh], k_new[None]]).astype(np.float64)
+            values = np.concatenate([hist_v[:, kvh], v_new[None]]).astype(np.float64)
+            sc = q.astype(np.float64) @ keys.T * d ** -0.5
+            pr = np.exp(sc - sc.max(1, keepdims=True))
+            assert rel_error(o, (pr / pr.sum(1, keepdims=True)) @ values) < 1e-5, (n, kvh)
 
 
 @pytest.mark.parametrize("lens,splits,hkv", [([1, 63, 64, 65], 3, 4), ([200, 0, 130], 2, 2), ([97], 40, 4),

@@ -10,6 +10,8 @@ layouts of mma.m16n8k16: the A and B operands of every mma, the accumulator chai
 scores stored to sS, the softmax's sS reads and P stores, and the part_o store of each accumulator
 (row h = hi + row 8 + h = lo of the same column). It caught a DSL lowering bug that the emulation
 could not: a slice of the swizzled V stage inside a swizzle atom had its offset counted twice.
+AttnDecodeFused (the same block loop on a q it normalises and RoPEs itself) gets the same check,
+with its q stores into sQ (8 dims per lane) and its q load at the view's strides.
 
 The same evaluator checks the global addresses of the q load of attn_qk_prep and of the gate load
 of every combine variant: they read [B, Hq, 256] views with their own row and head strides (the
@@ -27,6 +29,7 @@ from inferno.kernels import attn_variants as av
 from ptx_tools import compile_ptx
 
 MMA_VARIANTS = [v.name for v in av.DECODE_VARIANTS if v.cls == "AttnDecodeMma"]
+FUSED_VARIANTS = ["attn_decode_g6_fused", "attn_decode_g8_fused_s3"]  # the 27B / 35B groups, 2 and 3 stages
 M32 = (1 << 32) - 1
 PO_STRIDE = 1 << 20  # every stride of part_o in the fake launch parameters: address -> (row, dim)
 
@@ -97,9 +100,11 @@ def _run(stmts: list[str], tidx: int, params: dict, ctaid: tuple[int, int, int] 
             rec["global_ld"].append(addr(rest))
             for d in re.findall(r"%\w+", rest.split("[")[0]):
                 reg[d], prov[d] = None, set()
-        elif op.startswith("ld.param"):
+        elif op.startswith("ld.param"):  # one register or a vector of them (v2: consecutive words)
             m = re.search(r"param_(\d+)(?:\+(\d+))?", rest)
-            reg[regs[0]] = params.get((int(m.group(1)), int(m.group(2) or 0)))
+            width = 8 if re.search(r"\.[bsu]64", op) else 4
+            for i, d in enumerate(re.findall(r"%\w+", rest.split("[")[0])):
+                reg[d] = params.get((int(m.group(1)), int(m.group(2) or 0) + i * width))
         elif op.startswith(("cp.async", "bar", "bra", "ret", "griddep", "ldmatrix")):
             continue
         else:
@@ -121,9 +126,11 @@ def _eval(op: str, a: list):
         return _signed(a[0], op.split(".")[-1]) & mask
     ops = {"add": lambda: a[0] + a[1], "sub": lambda: a[0] - a[1], "and": lambda: a[0] & a[1],
            "or": lambda: a[0] | a[1], "xor": lambda: a[0] ^ a[1], "shl": lambda: a[0] << a[1],
-           "mul": lambda: a[0] * a[1] if "wide" in op else s[0] * s[1], "mad": lambda: s[0] * s[1] + s[2],
+           "mul": lambda: a[0] * a[1] if "wide" in op else (s[0] * s[1]) >> 32 if ".hi" in op else s[0] * s[1],
+           "mad": lambda: s[0] * s[1] + s[2],
            "shr": lambda: s[0] >> a[1] if re.search(r"\.s(32|64)", op) else a[0] >> a[1],
            "min": lambda: min(s[0], s[1]), "max": lambda: max(s[0], s[1]),
+           "div": lambda: abs(s[0]) // abs(s[1]) * (1 if (s[0] >= 0) == (s[1] > 0) else -1),  # truncating
            "selp": lambda: a[0] if a[2] else a[1]}
     if base == "setp":
         return {"eq": s[0] == s[1], "ne": s[0] != s[1], "lt": s[0] < s[1], "le": s[0] <= s[1],
@@ -157,11 +164,15 @@ def _kv_rows(stages: int) -> dict[int, tuple]:
     return out
 
 
-def _check(ptx: str, group: int, stages: int) -> list[str]:
+def _check(ptx: str, group: int, stages: int, fused: bool = False) -> list[str]:
+    """Errors of AttnDecodeMma's PTX (`fused`: AttnDecodeFused's, which writes q into sQ itself, 8 dims
+    per lane, and keeps the new K / V row in sNew after sL)."""
     sm = _smem_map(stages)
     kv_rows = _kv_rows(stages)
     stmts = _statements(ptx)
-    params = {(4, 0): 0, **{(4, o): PO_STRIDE for o in range(8, 48, 4)}}  # part_o: base 0, every stride
+    po = 10 if fused else 4  # part_o's parameter
+    params = {(po, 0): 0, **{(po, o): PO_STRIDE for o in range(8, 48, 4)}}  # part_o: base 0, every stride
+    new_rows = sm["alpha"] + 3 * 32  # fused: sNew [2, 256] bf16 after sAlpha, sM, sL (fp32 [8] each)
     errors: list[str] = []
     stored: set[tuple[int, int]] = set()
 
@@ -229,6 +240,8 @@ def _check(ptx: str, group: int, stages: int) -> list[str]:
             for address, src in r.get("shared_st", []):
                 if address is None or "%" not in src:
                     continue
+                if fused and address == new_rows + 2 * ((w - 6) * 256 + 8 * lane):
+                    continue  # warps 6 and 7 keep k / v in sNew (the evaluator runs every warp through it)
                 if sm["s"] <= address < sm["alpha"]:  # partial scores: hi + lo rows of one column
                     for q, reg in enumerate(re.findall(r"%\w+", src)):
                         cols = {acc.get(x + (lane,)) for x in r["prov"].get(reg, set())}
@@ -241,6 +254,10 @@ def _check(ptx: str, group: int, stages: int) -> list[str]:
                     row, col = divmod((address - sm["p"]) // 2, 40)
                     if w < group and (row % 8, col) != (w, lane):
                         errors.append(f"warp {w} lane {lane}: P stored at sP[{row}, {col}]")
+                elif fused and sm["q"] <= address < sm["p"]:  # q hi / lo: row w and 8 + w, dims 8 lane..
+                    row, col = divmod((address - sm["q"]) // 2, 264)
+                    if row % 8 != w or col != 8 * lane:
+                        errors.append(f"thread {tidx}: q stored at sQ[{row}, {col}]")
                 elif sm["q"] <= address < sm["p"]:  # q hi / lo: column = thread
                     if (address - sm["q"]) // 2 % 264 != tidx:
                         errors.append(f"thread {tidx}: q stored at sQ column {(address - sm['q']) // 2 % 264}")
@@ -280,6 +297,61 @@ def test_mma_decode_ptx_moves_the_right_data(ptx_of, name):
     assert not errors, f"{len(errors)} errors, first: " + "\n".join(errors[:8])
 
 
+@pytest.mark.parametrize("name", FUSED_VARIANTS)
+def test_fused_decode_ptx_moves_the_right_data(ptx_of, name):
+    """AttnDecodeFused runs AttnDecodeMma's block loop on the q it normalised and RoPE'd itself."""
+    v = av.attn_variant(name)
+    errors = _check(ptx_of(name), v.config["group"], v.config["stages"], fused=True)
+    assert not errors, f"{len(errors)} errors, first: " + "\n".join(errors[:8])
+
+
+@pytest.mark.parametrize("length", [1, 20])
+def test_fused_new_row_goes_to_its_stage_row(ptx_of, length):
+    """The fused kernel's one-thread-per-dim copy of the new token's k and v from sNew lands on the
+    swizzled stage-0 rows of token length - 1 (one split, one block: lens is the kernel's first
+    global load, made a constant here; part_lse's split count 1)."""
+    ptx = ptx_of("attn_decode_g6_fused")
+    m = re.search(r"ld\.global\.b32 \t?(%r\d+), \[%rd\d+\];", ptx)
+    stmts = _statements(ptx[:m.start()] + f"mov.b32 {m.group(1)}, {length};" + ptx[m.end():])
+    sm = _smem_map(2)
+    where = {v: a for a, v in _kv_rows(2).items()}  # (K or V, token, first dim of 8) -> byte address
+    wrong = []
+    for t in range(256):
+        got = {a for a, src in _run(stmts, t, {(11, 16): 1})["shared_st"]
+               if a is not None and a < sm["q"] and "{" not in src}  # the zero fill stores {0, 0, 0, 0}
+        want = {where[kv, length - 1, t - t % 8] + 2 * (t % 8) for kv in ("K", "V")}
+        if got != want:
+            wrong.append(f"thread {t}: stores {sorted(got)}, want {sorted(want)}")
+    assert not wrong, f"{len(wrong)} threads, first: " + "\n".join(wrong[:4])
+
+
+def test_fused_appends_k_v_at_the_slot_row_and_writes_q(ptx_of):
+    """The fresh CTA's k and v stores go to the K and V rows of slot lens - 1 in page page_table[b, slot //
+    64] (lens and every page-table entry made constants in the PTX), and the split-0 q store to
+    q[b, G g + w, 8 lane..] (fp32): warps 0 and 1 of CTA (split 0, kv head 1, sequence 2)."""
+    ptx = ptx_of("attn_decode_g6_fused")
+    length, page, seq, kvh = 100, 7, 2, 1
+    loads = list(re.finditer(r"ld\.global\.b32 \t?(%r\d+), \[%rd\d+\];", ptx))  # lens first, then pages
+    for m, val in reversed(list(zip(loads, [length] + [page] * (len(loads) - 1)))):
+        ptx = ptx[:m.start()] + f"mov.b32 {m.group(1)}, {val};" + ptx[m.end():]
+    stmts = _statements(ptx)
+    kv, q = 1 << 40, 1 << 44
+    # part_lse: S = 1; kv: base, row stride; q: base, shape (3, 24), row stride; page_table: row stride
+    params = {(11, 16): 1, (8, 0): kv, (8, 16): 256, (9, 0): q, (9, 8): 3, (9, 12): 24, (9, 16): 24 * 256,
+              (7, 16): 50}
+    row_k = (page * 2 * 4 + kvh) * 64 + (length - 1) % 64
+    wrong = []
+    for t in range(64):
+        w, lane = divmod(t, 32)
+        got = sorted(a for a, _ in _run(stmts, t, params, (0, kvh, seq)).get("global_st", [])
+                     if a is not None and a >= 1 << 39)  # part_o's stores sit at address 0 (no params)
+        at = q + 4 * ((seq * 24 + 6 * kvh + w) * 256 + 8 * lane)
+        want = sorted([at, at + 16, kv + 2 * (row_k * 256 + 8 * lane), kv + 2 * ((row_k + 4 * 64) * 256 + 8 * lane)])
+        if got != want:
+            wrong.append(f"thread {t}: stores {[hex(a) for a in got]}, want {[hex(a) for a in want]}")
+    assert not wrong, f"{len(wrong)} threads, first: " + "\n".join(wrong[:4])
+
+
 def test_ptx_check_catches_a_misplaced_v_row(ptx_of):
     """The check fails on the bug it was written for: one V ldmatrix 32 dims off (64 bytes)."""
     ptx = ptx_of("attn_decode_g8")
@@ -317,6 +389,20 @@ def test_prep_reads_q_at_its_row_and_head_strides(ptx_of):
     assert not errors, f"{len(errors)} errors, first: " + "\n".join(errors[:8])
     swapped = ptx.replace("param_0+24]", "param_0+16]")  # head stride read from the row stride's slot
     assert swapped != ptx and _view_load_errors(swapped, 0, 128, (bx, seq, 0), want)
+
+
+@pytest.mark.parametrize("name", ["attn_decode_g8_fused"])
+def test_fused_reads_q_at_its_row_and_head_strides(ptx_of, name):
+    """Warp w of CTA (split, kv head g, seq) loads dims 8 lane.. of q head G g + w from q_proj[seq, head, :]
+    (warps w >= G skip it at run time; the straight-line evaluation computes their address too)."""
+    ptx = ptx_of(name)
+    group = av.attn_variant(name).config["group"]
+    split, kvh, seq = 3, 1, 2
+    want = lambda t: seq * ROW_STRIDE + (group * kvh + t // 32) * HEAD_STRIDE + 8 * (t % 32)  # noqa: E731
+    errors = _view_load_errors(ptx, 0, 64, (split, kvh, seq), want)  # warps 0 and 1: two heads
+    assert not errors, f"{len(errors)} errors, first: " + "\n".join(errors[:8])
+    swapped = ptx.replace("param_0+24]", "param_0+16]")
+    assert swapped != ptx and _view_load_errors(swapped, 0, 64, (split, kvh, seq), want)
 
 
 @pytest.mark.parametrize("name", COMBINES)

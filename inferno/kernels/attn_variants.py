@@ -7,6 +7,8 @@ Three kernels per attention layer and decode step (docs/kernels-attention.md):
                       K/V double-buffered through shared memory with cp.async, QK^T and PV on
                       tensor cores (mma.sync); `_pipelined` / `_regs`: the previous CUDA-core kernels
   attn_combine        merges the splits in one pass, applies the sigmoid gate, writes bf16 [B, Hq*256]
+or two: attn_decode_g<G>_fused (prep folded into the decode: one launch from the projections to the
+partials) and attn_combine (or attn_combine_early, which reads lens and the gate before its PDL wait).
 
 Shapes (d = 256): q_proj and gate bf16 [B, Hq, d] with their own row and head strides (decode: the
 q and gate projections where the GEMVs wrote them, head stride d), k and v bf16 [B, Hkv*d], q_norm
@@ -43,13 +45,15 @@ _KV = Tensor("kv", "bf16", ("KR", _D), ("kv_stride", 1))
 _PO = Tensor("part_o", "f32", ("B", "Hq", "S", _D), ("po_sb", "po_sh", _D, 1))
 _PL = Tensor("part_lse", "f32", ("B", "Hq", "S"), ("pl_sb", "pl_sh", 1), align=4)
 
+# the prep inputs: k, v (the projections), q_norm, k_norm, positions
+_PREP_IN = (Tensor("k", "bf16", ("B", "KD"), ("k_stride", 1)), Tensor("v", "bf16", ("B", "KD"), ("v_stride", 1)),
+            Tensor("q_norm", "bf16", (_D,), (1,)), Tensor("k_norm", "bf16", (_D,), (1,)),
+            Tensor("positions", "i32", ("B",), (1,), align=4))
+
 PREP = Variant(
     name="attn_qk_prep", op="attn_qk_prep", source="cute_kernels.attn_prep", cls="AttnQkPrep",
     config=dict(warps=4, rotary=64),
-    args=(_QP, Tensor("k", "bf16", ("B", "KD"), ("k_stride", 1)), Tensor("v", "bf16", ("B", "KD"), ("v_stride", 1)),
-          Tensor("q_norm", "bf16", (_D,), (1,)), Tensor("k_norm", "bf16", (_D,), (1,)),
-          Tensor("positions", "i32", ("B",), (1,), align=4), _LENS, _PT, _KV, _Q,
-          Scalar("eps", "f32"), Scalar("rope_theta", "f32")),
+    args=(_QP, *_PREP_IN, _LENS, _PT, _KV, _Q, Scalar("eps", "f32"), Scalar("rope_theta", "f32")),
     grid=("cdiv(Hq + KD // 256, 4)", "B", "1"),
     divisibility={"KD": 256, "qp_sb": 8, "qp_sh": 8, "k_stride": 8, "v_stride": 8, "kv_stride": 8, "q_sb": 4},
     pdl=True, summary="q/k zero-centred RMSNorm + NeoX RoPE (64 dims) per head; k, v appended to the paged KV cache",
@@ -79,16 +83,33 @@ def _decode(group: int, block: int, ctas_per_sm: int, cls: str = "AttnDecodePipe
     )
 
 
-def _combine(groups: int, unroll: int, suffix: str = "", cls: str = "AttnCombine") -> Variant:
+def _combine(groups: int, unroll: int, suffix: str = "", cls: str = "AttnCombine", early: bool = False) -> Variant:
     return Variant(
         name=f"attn_combine{suffix}", op="attn_combine", source="cute_kernels.attn_decode", cls=cls,
-        config=dict(groups=groups, unroll=unroll),
+        config=dict(groups=groups, unroll=unroll, **({"early": True} if early else {})),
         args=(_PO, _PL, _LENS, _GATE, Tensor("out", "bf16", ("B", "OD"), ("out_stride", 1))),
         grid=("Hq", "B", "1"),
         divisibility={"OD": 8, "gate_sb": 8, "gate_sh": 8, "out_stride": 8, "po_sb": 4, "po_sh": 4},
         pdl=True,
         summary=f"merge split-K partials (log-sum-exp, {groups} split group(s) of 64 threads, "
-                f"{'one pass' if cls == 'AttnCombineOnline' else 'max pass first'}), o *= sigmoid(gate), bf16 out",
+                f"{'one pass' if cls == 'AttnCombineOnline' else 'max pass first'}), o *= sigmoid(gate), bf16 out"
+                f"{'; lens and gate loaded before the PDL wait' if early else ''}",
+    )
+
+
+def _fused(group: int, stages: int = 2, suffix: str = "") -> Variant:
+    return Variant(
+        name=f"attn_decode_g{group}_fused{suffix}", op="attn_decode_fused", source="cute_kernels.attn_decode",
+        cls="AttnDecodeFused", config=dict(group=group, block=32, ctas_per_sm=CTAS_PER_SM, stages=stages, rotary=64),
+        args=(_QP, *_PREP_IN, _LENS, _PT, _KV, _Q, _PO, _PL, Scalar("scale", "f32"), Scalar("eps", "f32"),
+              Scalar("rope_theta", "f32")),
+        grid=("S", f"Hq // {group}", "B"),
+        divisibility={"Hq": group, "KD": 256, "qp_sb": 8, "qp_sh": 8, "k_stride": 8, "v_stride": 8, "kv_stride": 8,
+                      "q_sb": 4, "po_sb": 4, "po_sh": 4},
+        pdl=True,
+        archs=("sm_90a",) if stages > 2 else ARCHS,
+        summary=f"attn_qk_prep + attn_decode_g{group}{suffix} in one launch: q/k norm + RoPE, "
+                f"the new K/V row appended by the CTA that owns it, {stages} K/V stages issued before the PDL wait",
     )
 
 
@@ -110,9 +131,15 @@ DECODE_VARIANTS: tuple[Variant, ...] = (
     _decode(6, 32, CTAS_PER_SM, "AttnDecodePipelined", "_pipelined"),
     _decode(8, 32, CTAS_PER_SM, "AttnDecodePipelined", "_pipelined"),
     _decode(6, 32, 2, "AttnDecode", "_regs"), _decode(8, 64, 1, "AttnDecode", "_regs"))
+# Prep folded into the decode (one launch fewer per layer; the first K/V blocks issued before the PDL
+# wait): `attn_decode_g<G>_fused` (+ `attn_combine_early`), the candidate default once measured.
+FUSED_VARIANTS: tuple[Variant, ...] = (_fused(2), _fused(6), _fused(8), _fused(6, 3, "_s3"), _fused(8, 3, "_s3"))
 COMBINE = _combine(8, 8, cls="AttnCombineOnline")
-COMBINE_VARIANTS: tuple[Variant, ...] = (COMBINE, _combine(8, 4, "_2pass"), _combine(1, 1, "_serial"))
-ATTN_VARIANTS: tuple[Variant, ...] = (PREP, *DECODE_VARIANTS, *COMBINE_VARIANTS)
+# `attn_combine_early`: lens and the gate loaded before the PDL wait (the executor's decode step: lens from
+# the host's step buffer, the gate from the GEMV two launches back), the candidate partner of the fused decode.
+COMBINE_EARLY = _combine(8, 8, "_early", cls="AttnCombineOnline", early=True)
+COMBINE_VARIANTS: tuple[Variant, ...] = (COMBINE, COMBINE_EARLY, _combine(8, 4, "_2pass"), _combine(1, 1, "_serial"))
+ATTN_VARIANTS: tuple[Variant, ...] = (PREP, *DECODE_VARIANTS, *FUSED_VARIANTS, *COMBINE_VARIANTS)
 _BY_NAME = {v.name: v for v in ATTN_VARIANTS}
 
 
@@ -124,12 +151,13 @@ def attn_variant(name: str) -> Variant:
     return v
 
 
-def decode_variant(n_heads: int, n_kv_heads: int) -> Variant:
-    """The decode variant for a head layout (query heads per kv head = its group)."""
+def decode_variant(n_heads: int, n_kv_heads: int, fused: bool = False) -> Variant:
+    """The decode variant for a head layout (query heads per kv head = its group); `fused`: the one
+    with the prep folded in (`attn_decode_g<G>_fused`, launched by AttnDecodeFused)."""
     if n_kv_heads < 1 or n_heads % n_kv_heads or n_heads // n_kv_heads not in GROUPS:
         raise LaunchError(f"no decode attention kernel for {n_heads} query / {n_kv_heads} kv heads; "
                           f"query heads per kv head must be one of {GROUPS}")
-    return attn_variant(f"attn_decode_g{n_heads // n_kv_heads}")
+    return attn_variant(f"attn_decode_g{n_heads // n_kv_heads}{'_fused' if fused else ''}")
 
 
 def default_splits(max_len: int, batch: int, n_kv_heads: int, sm_count: int = 132) -> int:
@@ -191,6 +219,34 @@ class _AttnLauncher(Launcher):
             raise LaunchError(f"kernel {self.name}: n_heads = {hq} is not a multiple of n_kv_heads = {hkv}")
         return batch, hq, hkv
 
+    def _prep_in(self, q_proj: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
+                 k_norm: DeviceBuffer, positions: DeviceBuffer, b: int, hq: int, hkv: int, q_head_stride: int,
+                 q_stride: int | None, kv_stride: int | None) -> list[TensorArg]:
+        """The prep inputs: q_proj (own row and head strides), k, v (row stride kv_stride), q_norm,
+        k_norm, positions."""
+        kd = hkv * HEAD_DIM
+        q_in = _head_rows(q_proj, "q_proj", "q", self.name, b, hq, q_head_stride, q_stride)
+        ks = kd if kv_stride is None else _int(kv_stride, "kv_stride", self.name)
+        if ks < kd or ks % 8:
+            raise LaunchError(f"kernel {self.name}: kv_stride = {ks} must be >= {kd} and a multiple of 8")
+        return [q_in,
+                TensorArg(_buf(k, "k", self.name, ((b - 1) * ks + kd) * 2), (b, kd), (ks,)),
+                TensorArg(_buf(v, "v", self.name, ((b - 1) * ks + kd) * 2), (b, kd), (ks,)),
+                TensorArg(_buf(q_norm, "q_norm", self.name, HEAD_DIM * 2)),
+                TensorArg(_buf(k_norm, "k_norm", self.name, HEAD_DIM * 2)),
+                TensorArg(_buf(positions, "positions", self.name, b * 4, align=4), (b,))]
+
+    def _group(self, hq: int, hkv: int) -> None:
+        if hq // hkv != self.config["group"]:
+            raise LaunchError(f"kernel {self.name}: {hq} query / {hkv} kv heads is group {hq // hkv}, "
+                              f"the kernel's is {self.config['group']}; "
+                              f"use {decode_variant(hq, hkv, fused=self.op == 'attn_decode_fused').name}")
+
+    def _partials(self, part_o: DeviceBuffer, part_lse: DeviceBuffer, b: int, hq: int, s: int) -> list[TensorArg]:
+        po_bytes, pl_bytes = partial_bytes(b, hq, s)
+        return [TensorArg(_buf(part_o, "part_o", self.name, po_bytes), (b, hq, s), (hq * s * HEAD_DIM, s * HEAD_DIM)),
+                TensorArg(_buf(part_lse, "part_lse", self.name, pl_bytes, align=4), (b, hq, s), (hq * s, s))]
+
     def _table(self, lens: DeviceBuffer, page_table: DeviceBuffer, batch: int, width: int) -> list[TensorArg]:
         width = _int(width, "table_width", self.name)
         return [TensorArg(_buf(lens, "lens", self.name, batch * 4, align=4), (batch,)),
@@ -214,23 +270,12 @@ class AttnQkPrep(_AttnLauncher):
         k and v [batch, kv_stride >= n_kv_heads*256] bf16; positions, lens int32 [batch]; page_table
         int32 [batch, table_width]; q fp32 [batch, n_heads, 256]."""
         b, hq, hkv = self._heads(batch, n_heads, n_kv_heads)
-        kd = hkv * HEAD_DIM
-        q_in = _head_rows(q_proj, "q_proj", "q", self.name, b, hq, q_head_stride, q_stride)
-        ks = kd if kv_stride is None else _int(kv_stride, "kv_stride", self.name)
-        if ks < kd or ks % 8:
-            raise LaunchError(f"kernel {self.name}: kv_stride = {ks} must be >= {kd} and a multiple of 8")
-        rows = _pool_rows(kv, hkv, self.name)
-        args = [q_in,
-                TensorArg(_buf(k, "k", self.name, ((b - 1) * ks + kd) * 2), (b, kd), (ks,)),
-                TensorArg(_buf(v, "v", self.name, ((b - 1) * ks + kd) * 2), (b, kd), (ks,)),
-                TensorArg(_buf(q_norm, "q_norm", self.name, HEAD_DIM * 2)),
-                TensorArg(_buf(k_norm, "k_norm", self.name, HEAD_DIM * 2)),
-                TensorArg(_buf(positions, "positions", self.name, b * 4, align=4), (b,)),
+        args = [*self._prep_in(q_proj, k, v, q_norm, k_norm, positions, b, hq, hkv, q_head_stride, q_stride, kv_stride),
                 *self._table(lens, page_table, b, table_width),
-                TensorArg(kv.ptr, (rows,), (HEAD_DIM,)),
+                TensorArg(kv.ptr, (_pool_rows(kv, hkv, self.name),), (HEAD_DIM,)),
                 TensorArg(_buf(q, "q", self.name, b * hq * HEAD_DIM * 4), (b, hq), (hq * HEAD_DIM,)),
                 eps, rope_theta]
-        self._launch(args, {"B": b, "Hq": hq, "KD": kd}, stream)
+        self._launch(args, {"B": b, "Hq": hq, "KD": hkv * HEAD_DIM}, stream)
 
 
 class AttnDecode(_AttnLauncher):
@@ -243,18 +288,44 @@ class AttnDecode(_AttnLauncher):
                  table_width: int, splits: int, scale: float = HEAD_DIM ** -0.5, stream: Any = None) -> None:
         """q fp32 [batch, n_heads, 256]; part_o fp32 [batch, n_heads, splits, 256]; part_lse [.., splits]."""
         b, hq, hkv = self._heads(batch, n_heads, n_kv_heads)
-        if hq // hkv != self.config["group"]:
-            raise LaunchError(f"kernel {self.name}: {hq} query / {hkv} kv heads is group {hq // hkv}, "
-                              f"the kernel's is {self.config['group']}; use {decode_variant(hq, hkv).name}")
+        self._group(hq, hkv)
         s = _int(splits, "splits", self.name)
-        po_bytes, pl_bytes = partial_bytes(b, hq, s)
         args = [TensorArg(_buf(q, "q", self.name, b * hq * HEAD_DIM * 4), (b, hq), (hq * HEAD_DIM,)),
                 *self._table(lens, page_table, b, table_width),
                 TensorArg(kv.ptr, (_pool_rows(kv, hkv, self.name),), (HEAD_DIM,)),
-                TensorArg(_buf(part_o, "part_o", self.name, po_bytes), (b, hq, s), (hq * s * HEAD_DIM, s * HEAD_DIM)),
-                TensorArg(_buf(part_lse, "part_lse", self.name, pl_bytes, align=4), (b, hq, s), (hq * s, s)),
+                *self._partials(part_o, part_lse, b, hq, s),
                 scale]
         self._launch(args, {"B": b, "Hq": hq, "S": s}, stream)
+
+
+class AttnDecodeFused(_AttnLauncher):
+    """attn_qk_prep and AttnDecode in one launch: q/k norm + RoPE, k and v appended to the paged cache,
+    split-K partials (combine them with AttnCombine)."""
+
+    op = "attn_decode_fused"
+
+    def __call__(self, q_proj: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
+                 k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer,
+                 kv: DeviceBuffer, q: DeviceBuffer, part_o: DeviceBuffer, part_lse: DeviceBuffer, *, batch: int,
+                 n_heads: int, n_kv_heads: int, table_width: int, splits: int, eps: float = 1e-6,
+                 rope_theta: float = 1e7, scale: float = HEAD_DIM ** -0.5, q_head_stride: int = HEAD_DIM,
+                 q_stride: int | None = None, kv_stride: int | None = None, stream: Any = None) -> None:
+        """Inputs as AttnQkPrep (q_proj head h of sequence b at value b * q_stride + h * q_head_stride;
+        the default head stride 256 reads the q projection where its GEMV wrote it), outputs as
+        AttnDecode; q fp32 [batch, n_heads, 256] receives the normalised, RoPE'd q (written by the
+        split-0 CTAs; nothing reads it back). lens, page_table and positions must not be written by
+        the kernels just before this one (it reads them before its PDL wait): the step buffer the host
+        fills before the graph."""
+        b, hq, hkv = self._heads(batch, n_heads, n_kv_heads)
+        self._group(hq, hkv)
+        s = _int(splits, "splits", self.name)
+        args = [*self._prep_in(q_proj, k, v, q_norm, k_norm, positions, b, hq, hkv, q_head_stride, q_stride, kv_stride),
+                *self._table(lens, page_table, b, table_width),
+                TensorArg(kv.ptr, (_pool_rows(kv, hkv, self.name),), (HEAD_DIM,)),
+                TensorArg(_buf(q, "q", self.name, b * hq * HEAD_DIM * 4), (b, hq), (hq * HEAD_DIM,)),
+                *self._partials(part_o, part_lse, b, hq, s),
+                scale, eps, rope_theta]
+        self._launch(args, {"B": b, "Hq": hq, "KD": hkv * HEAD_DIM, "S": s}, stream)
 
 
 class AttnCombine(_AttnLauncher):
@@ -274,9 +345,7 @@ class AttnCombine(_AttnLauncher):
         os_ = od if out_stride is None else _int(out_stride, "out_stride", self.name)
         if os_ < od or os_ % 8:
             raise LaunchError(f"kernel {self.name}: out_stride = {os_} must be >= {od} and a multiple of 8")
-        po_bytes, pl_bytes = partial_bytes(b, hq, s)
-        args = [TensorArg(_buf(part_o, "part_o", self.name, po_bytes), (b, hq, s), (hq * s * HEAD_DIM, s * HEAD_DIM)),
-                TensorArg(_buf(part_lse, "part_lse", self.name, pl_bytes, align=4), (b, hq, s), (hq * s, s)),
+        args = [*self._partials(part_o, part_lse, b, hq, s),
                 TensorArg(_buf(lens, "lens", self.name, b * 4, align=4), (b,)),
                 gate_in,
                 TensorArg(_buf(out, "out", self.name, ((b - 1) * os_ + od) * 2), (b, od), (os_,))]
@@ -284,7 +353,8 @@ class AttnCombine(_AttnLauncher):
 
 
 class PagedAttention:
-    """One gated full-attention decode step after the projections: prep, split-K partials, combine.
+    """One gated full-attention decode step after the projections: prep, split-K partials, combine
+    (or, with a fused decode variant (`attn_decode_g<G>_fused*`), the fused kernel and the combine).
 
     q and gate are read where the projections wrote them (head h at h * 256 of a row); `scratch`
     holds the fp32 q and the partials; size it with `scratch_bytes`."""
@@ -292,8 +362,10 @@ class PagedAttention:
     def __init__(self, n_heads: int, n_kv_heads: int, device: "Device | None" = None, decode: str | None = None,
                  combine: str | None = None):
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self.prep = AttnQkPrep.load(PREP.name, device)
-        self.decode = AttnDecode.load(decode or decode_variant(n_heads, n_kv_heads).name, device)
+        name = decode or decode_variant(n_heads, n_kv_heads).name
+        fused = attn_variant(name).op == FUSED_VARIANTS[0].op
+        self.prep = None if fused else AttnQkPrep.load(PREP.name, device)
+        self.decode = (AttnDecodeFused if fused else AttnDecode).load(name, device)
         self.combine = AttnCombine.load(combine or COMBINE.name, device)
 
     def scratch_bytes(self, batch: int, splits: int) -> int:
@@ -318,14 +390,16 @@ class PagedAttention:
         q = scratch.view(0, q_bytes, "attn q")
         part_o = scratch.view(q_bytes, _align(po), "attn part_o")
         part_lse = scratch.view(q_bytes + _align(po), _align(pl), "attn part_lse")
-        heads = dict(batch=batch, n_heads=hq)
-        self.prep(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, n_kv_heads=hkv,
-                  table_width=table_width, eps=eps, rope_theta=rope_theta, q_head_stride=HEAD_DIM, q_stride=q_stride,
-                  kv_stride=kv_stride, stream=stream, **heads)
-        self.decode(q, lens, page_table, kv, part_o, part_lse, n_kv_heads=hkv, table_width=table_width,
-                    splits=splits, stream=stream, **heads)
-        self.combine(part_o, part_lse, lens, gate, out, gate_stride=gate_stride, splits=splits, stream=stream,
-                     **heads)
+        heads = dict(batch=batch, n_heads=hq, n_kv_heads=hkv, table_width=table_width, stream=stream)
+        if self.prep is None:
+            self.decode(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse,
+                        splits=splits, eps=eps, rope_theta=rope_theta, q_stride=q_stride, kv_stride=kv_stride, **heads)
+        else:
+            self.prep(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, eps=eps, rope_theta=rope_theta,
+                      q_head_stride=HEAD_DIM, q_stride=q_stride, kv_stride=kv_stride, **heads)
+            self.decode(q, lens, page_table, kv, part_o, part_lse, splits=splits, **heads)
+        self.combine(part_o, part_lse, lens, gate, out, batch=batch, n_heads=hq, gate_stride=gate_stride, splits=splits,
+                     stream=stream)
 
 
 def _align(n: int, to: int = 256) -> int:

@@ -272,10 +272,40 @@ def test_decode_step_three_stages(device, attention, configs, rng, model, lens, 
     _check(cfg, lens, _step(attention(model, THREE_STAGES[model]), cfg, lens, splits, rng))
 
 
-def test_two_steps_append(attention, configs, rng):
-    """Step n then step n+1 on the same cache: the second step sees the first step's k/v."""
+FUSED = {"27b": "attn_decode_g6_fused", "35b": "attn_decode_g8_fused"}  # prep folded into the decode
+FUSED_S3 = {"27b": "attn_decode_g6_fused_s3", "35b": "attn_decode_g8_fused_s3"}  # + three stages (sm_90a)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("lens,splits", CASES)
+def test_fused_decode_step(attention, configs, rng, model, lens, splits):
+    """attn_decode_g<G>_fused + attn_combine_early: the whole step in two launches. The new token's K/V
+    row is appended by the CTA of the last used split and used from shared memory (the pool's row is
+    NaN before the step: reading it from global memory would poison the output); q is checked as
+    written by the split-0 CTAs."""
+    cfg = configs[model]
+    _check(cfg, lens, _step(attention(model, FUSED[model], "attn_combine_early"), cfg, lens, splits, rng))
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("lens,splits", [*FALLBACK_CASES, ([1], None), ([64], None), ([97], 40), ([65536], None),
+                                         ([0, 8191, 0, 33, 0], 66), ([1, 65, 1000], None)])
+def test_fused_decode_step_three_stages(device, attention, configs, rng, model, lens, splits):
+    if device.arch != "sm_90a":
+        pytest.skip("the three-stage variants build for sm_90a only")
+    cfg = configs[model]
+    _check(cfg, lens, _step(attention(model, FUSED_S3[model]), cfg, lens, splits, rng))
+
+
+@pytest.mark.parametrize("decode,pdl", [(None, False), ("fused", False), ("fused", True), (None, True)])
+def test_two_steps_append(attention, configs, rng, decode, pdl):
+    """Step n then step n+1 on the same cache, queued back to back (pdl: on a stream that launches them
+    with programmatic dependent launch, as the executor's graph does): the second step sees the first
+    step's k/v (the fused kernel reads the cache rows < lens - 1 before its PDL wait)."""
+    from inferno.cuda.stream import Stream
+
     cfg = configs["27b"]
-    attn = attention("27b")
+    attn = attention("27b", FUSED["27b"], "attn_combine_early") if decode == "fused" else attention("27b")
     hq, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     lay = KVLayout(hkv)
     pages = np.array([[3, 0]], np.int32)
@@ -286,35 +316,39 @@ def test_two_steps_append(attention, configs, rng):
     q_norm, k_norm = _bf16(rng, d, 0.5), _bf16(rng, d, 0.5)
     qn, kn = to_device(None, q_norm, "qn"), to_device(None, k_norm, "kn")
     scratch = device_alloc(attn.scratch_bytes(1, 2), "scratch")
-    out = device_alloc(hq * d * 2, "out")
-    outs, inputs = [], []
+    stream = Stream.create()
+    stream.pdl = pdl
+    steps, bufs = [], [kv, tab, qn, kn, scratch]
     try:
-        for n in (64, 65):
+        for n in (64, 65):  # every input uploaded first: the two steps then run without a host sync
             qk, gv = _projections(rng, 1, hq, hkv, d)
             rows = _upload_rows(qk, gv, hq, d)
-            bufs = [to_device(None, np.array([x], np.int32), nm) for x, nm in ((n - 1, "pos"), (n, "lens"))]
-            _run(attn, rows, (hq + hkv) * d, qn, kn, bufs[0], bufs[1], tab, kv, scratch, out, batch=1, table_width=2,
-                 splits=2, eps=cfg.rms_eps, rope_theta=cfg.rope_theta)
-            outs.append(from_device(out, bfloat16, (hq * d,)).astype(np.float32))
-            inputs.append((qk[0, :hq * d], gv[0, :hq * d], gv[0, hq * d:]))
-            for buf in (*bufs, rows["qk"], rows["gv"]):
-                buf.free()
+            pos, lens = (to_device(None, np.array([x], np.int32), nm) for x, nm in ((n - 1, "pos"), (n, "lens")))
+            out = device_alloc(hq * d * 2, "out")
+            bufs += [rows["qk"], rows["gv"], pos, lens, out]
+            steps.append((n, rows, pos, lens, out, (qk[0, :hq * d], gv[0, :hq * d], gv[0, hq * d:])))
+        for n, rows, pos, lens, out, _ in steps:
+            _run(attn, rows, (hq + hkv) * d, qn, kn, pos, lens, tab, kv, scratch, out, batch=1, table_width=2,
+                 splits=2, eps=cfg.rms_eps, rope_theta=cfg.rope_theta, stream=stream)
+        stream.synchronize()
+        outs = [from_device(st[4], bfloat16, (hq * d,)).astype(np.float32) for st in steps]
         got_pool = from_device(kv, bfloat16, pool.shape)
     finally:
-        for buf in (kv, tab, qn, kn, scratch, out):
+        stream.synchronize()
+        stream.close()
+        for buf in bufs:
             buf.free()
     keys, values = lay.gather(got_pool, pages[0], 65)
-    for step, n in enumerate((64, 65)):
-        qh, gate, _ = inputs[step]
+    for (n, *_, (qh, gate, _v)), got in zip(steps, outs):
         cos, sin = rope_tables(cfg, np.array([n - 1]))
         q = apply_rope(rms_norm(qh.astype(np.float32).reshape(1, hq, d), q_norm.astype(np.float32), cfg.rms_eps),
                        cos, sin)
         o = causal_attention(q, keys[:n], values[:n], d ** -0.5).reshape(hq * d)
         want = o * sigmoid(gate.astype(np.float32))
-        err = rel_error(outs[step], want)
-        print(f"step {step} len {n}: out rel {err:.2e}")
+        err = rel_error(got, want)
+        print(f"{attn.decode.name} pdl {pdl} len {n}: out rel {err:.2e}")
         assert err <= OUT_TOL
-    assert np.array_equal(values[63:65], np.concatenate([inputs[0][2], inputs[1][2]]).reshape(2, hkv, d)
+    assert np.array_equal(values[63:65], np.concatenate([steps[0][5][2], steps[1][5][2]]).reshape(2, hkv, d)
                           .astype(np.float32))
 
 
