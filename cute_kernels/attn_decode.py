@@ -935,9 +935,9 @@ class AttnDecodeFused(AttnDecodeMma):
                 cute.autovec_copy(rN, cute.zipped_divide(mKV[row_k, None], (VEC,))[None, lane])
             if wid == WARPS - 2:  # v as projected
                 cute.autovec_copy(rN, cute.zipped_divide(mKV[row_k + hkv * PAGE, None], (VEC,))[None, lane])
-            if wid >= WARPS - 2:
+            if wid >= WARPS - 2:  # sNew row 0 = k (warp 7), row 1 = v (warp 6)
                 for e in cutlass.range_constexpr(VEC):
-                    sNew[wid - (WARPS - 2), lane * VEC + e] = rN[e]
+                    sNew[WARPS - 1 - wid, lane * VEC + e] = rN[e]
 
         if p_begin < p_end:
             new_blk = cutlass.Int32(-1)

@@ -14,7 +14,7 @@ from inferno.kernels.sample_variants import ARGMAX, Argmax
 def test_argmax_builds(tmp_path, arch):
     m = build_variant(ARGMAX, arch, tmp_path)
     assert (tmp_path / arch / "argmax_bf16.cubin").stat().st_size > 0
-    assert m.block == [1024, 1, 1] and m.grid == ["1", "1", "1"]
+    assert m.block == [1024, 1, 1] and m.grid == ["8", "1", "1"]  # one cluster of 8 CTAs
     assert [(p.name, p.kind, p.dyn_shape) for p in m.params] == [("x", "tensor", ["N"]), ("out", "tensor", [])]
 
 

@@ -240,8 +240,11 @@ def _check(ptx: str, group: int, stages: int, fused: bool = False) -> list[str]:
             for address, src in r.get("shared_st", []):
                 if address is None or "%" not in src:
                     continue
-                if fused and address == new_rows + 2 * ((w - 6) * 256 + 8 * lane):
-                    continue  # warps 6 and 7 keep k / v in sNew (the evaluator runs every warp through it)
+                if fused and new_rows <= address < new_rows + 2 * 2 * 256:
+                    # warp 7 keeps k in sNew row 0 (read into sK), warp 6 v in row 1 (into sV)
+                    if w < 6 or address != new_rows + 2 * ((7 - w) * 256 + 8 * lane):
+                        errors.append(f"warp {w} lane {lane}: new K / V row stored at sNew byte {address - new_rows}")
+                    continue
                 if sm["s"] <= address < sm["alpha"]:  # partial scores: hi + lo rows of one column
                     for q, reg in enumerate(re.findall(r"%\w+", src)):
                         cols = {acc.get(x + (lane,)) for x in r["prov"].get(reg, set())}

@@ -1,5 +1,6 @@
 """CPU: the device sampling kernels build for every arch; launcher checks and argument packing;
-the numpy model of the kernels (`reference_token`) equals the host `Sampler` with the same u."""
+the numpy model of the kernels (`reference_token`) equals the host `Sampler` with the same u; the
+kernels' compare-exchange networks and pick arithmetic, run in numpy, equal a sort and the model."""
 
 from types import SimpleNamespace
 
@@ -38,9 +39,10 @@ def test_sample_kernels_build(tmp_path, arch):
         ("part_v", "tensor"), ("part_i", "tensor"), ("counts", "tensor"), ("out", "tensor"), ("top_k", "i32"),
         ("inv_t", "f32"), ("top_p", "f32"), ("min_p", "f32"), ("u", "f32")]
     assert topk.smem + pick.smem <= 2 * 48 * 1024  # no opt-in shared memory needed
-    from cute_kernels import sample
+    from cute_kernels import argmax, sample
 
     assert (sample.K_MAX, sample.SLICE) == (K_MAX, sv.SLICE)  # the launcher's sizes are the kernels'
+    assert argmax.CTAS == sv.ARGMAX_CTAS
 
 
 class _Layout:
@@ -92,6 +94,20 @@ def test_launcher_packs_both_kernels(sampler):
     calls.clear()
     s(x, c, scratch, out, VOCAB, p, 1 - 1e-12)  # rounds to 1.0 in float32: kept below 1
     assert calls[1][-1] == float(np.nextafter(np.float32(1), np.float32(0)))
+
+
+def test_argmax_launches_one_cluster(monkeypatch):
+    """The argmax grid (ARGMAX_CTAS CTAs) is launched as one cluster; a one-CTA build as no cluster."""
+    seen = []
+    monkeypatch.setattr(sv, "launch",
+                        lambda kernel, grid, block, args, smem, stream, cluster: seen.append((grid, cluster)))
+    calls = []
+    for grid in (list(sv.ARGMAX.grid), ["1", "1", "1"]):
+        loaded = _loaded(sv.ARGMAX, calls)
+        loaded.manifest.grid = grid
+        sv.Argmax(loaded)(DeviceBuffer(1 << 20, VOCAB * 2, "x"), DeviceBuffer(1 << 24, 4, "out"), VOCAB)
+    assert seen == [((sv.ARGMAX_CTAS, 1, 1),) * 2, ((1, 1, 1),) * 2]
+    assert calls[0] == [TensorArg(1 << 20, (VOCAB,)), TensorArg(1 << 24)]
 
 
 def test_launcher_refuses_bad_arguments(sampler):
@@ -190,3 +206,152 @@ def test_model_ties_and_nan():
     counts = zero.copy()
     counts[7] = 2  # frequency 1 -> 3 - 2 = 1 < 3: id 300 is now first
     assert reference_token(x, counts, SamplingParams(temperature=0.0, frequency_penalty=1.0), 0.0) == 300
+
+
+# --- numpy emulation of the kernels' compare-exchange networks (cute_kernels/sample.py) -------------
+
+def _before(va, ia, vb, ib):
+    return (va > vb) | ((va == vb) & (ia < ib))
+
+
+def _network(V, I, regs, run, stages):
+    """The kernels' `_network` on one warp: V, I [32, regs], element e = lane * regs + r."""
+    lane = np.arange(32)
+    for size, stride in stages:
+        for r in range(regs):
+            e = lane * regs + r
+            desc = (e & (run - 1) & size) == 0
+            if stride < regs:
+                if r & stride == 0:
+                    b = r + stride
+                    swap = desc == _before(V[:, b], I[:, b], V[:, r], I[:, r])
+                    V[swap, r], V[swap, b] = V[swap, b].copy(), V[swap, r].copy()
+                    I[swap, r], I[swap, b] = I[swap, b].copy(), I[swap, r].copy()
+            else:
+                m = stride // regs
+                pv, pi = V[lane ^ m, r].copy(), I[lane ^ m, r].copy()
+                keep_better = ((lane & m) == 0) == desc
+                pb = _before(pv, pi, V[:, r], I[:, r])
+                take = (pb | _before(V[:, r], I[:, r], pv, pi)) & (keep_better == pb)
+                V[take, r], I[take, r] = pv[take], pi[take]
+
+
+def _merge_tree(sV, sI, sample):
+    """`_merge_tree`: LISTS sorted runs of K_MAX -> the best K_MAX in [0, K_MAX), warp by warp."""
+    k, regs = sample.K_MAX, sample.MERGE_REGS
+    lane = np.arange(32)
+    lists = sample.LISTS
+    for rnd in range(lists.bit_length() - 1):
+        for j in range(lists >> (rnd + 1)):
+            a = j * (k << (rnd + 1))
+            b = a + (k << rnd)
+            V, I = np.empty((32, regs), np.float32), np.empty((32, regs), np.int64)
+            for r in range(regs):
+                e = lane * regs + r
+                va, ia, vb, ib = sV[a + e], sI[a + e], sV[b + k - 1 - e], sI[b + k - 1 - e]
+                better = _before(vb, ib, va, ia)
+                V[:, r], I[:, r] = np.where(better, vb, va), np.where(better, ib, ia)
+            _network(V, I, regs, 2 * k, sample.MERGE_STAGES)
+            sV[a:a + k], sI[a:a + k] = V.reshape(-1), I.reshape(-1)
+
+
+def _emulate_topk(x, sample):
+    """SampleTopK on penalised fp32 logits x [N]: the per-slice (values, ids), K_MAX each."""
+    s, k = sample.SLICE, sample.K_MAX
+    slices = -(-x.size // s)
+    pad = np.full(slices * s, -np.inf, np.float32)
+    pad[:x.size] = x
+    ids = np.arange(slices * s, dtype=np.int64)
+    ids[x.size:] = sample.PAD_ID
+    pv, pi = [], []
+    for b in range(slices):
+        sV, sI = pad[b * s:(b + 1) * s].copy(), ids[b * s:(b + 1) * s].copy()
+        for w in range(sample.WARPS):
+            seg = slice(w * 32 * sample.REGS, (w + 1) * 32 * sample.REGS)
+            V, I = sV[seg].reshape(32, sample.REGS).copy(), sI[seg].reshape(32, sample.REGS).copy()
+            _network(V, I, sample.REGS, k, sample.sort_stages(sample.REGS, k))
+            sV[seg], sI[seg] = V.reshape(-1), I.reshape(-1)
+        _merge_tree(sV, sI, sample)
+        pv.append(sV[:k])
+        pi.append(sI[:k])
+    return np.concatenate(pv), np.concatenate(pi)
+
+
+def _emulate_pick(pv, pi, params, u, sample):
+    """SamplePick: merge tree, then warp 0's weights / sums / ballots; returns the token."""
+    s, k = sample.SLICE, sample.K_MAX
+    sV = np.full(s, -np.inf, np.float32)
+    sI = np.full(s, sample.PAD_ID, np.int64)
+    sV[:pv.size], sI[:pi.size] = pv, pi
+    _merge_tree(sV, sI, sample)
+    top_k, inv_t, top_p, min_p = sv._device_scalars(params)
+    top_p, min_p, u = np.float32(top_p), np.float32(min_p), np.float32(sv._u32(u))
+    e = np.arange(k)
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = np.where(e < top_k, np.exp((sV[:k] - sV[0]) * np.float32(inv_t)), np.float32(0)).astype(np.float32)
+    total = np.float64(0)
+    for j in range(k):
+        total += np.float64(w[j])
+    wn = (w * np.float32(1.0 / total)).astype(np.float32)
+    cum = np.empty(k, np.float64)
+    run = np.float64(0)
+    for j in range(k):
+        run += np.float64(wn[j])
+        cum[j] = run
+    kept = top_k
+    if top_p < 1:
+        kept = min(int(np.count_nonzero((e < top_k) & (cum < np.float64(top_p) * run))) + 1, top_k)
+    n = int(np.count_nonzero((e < kept) & (wn >= min_p * wn[0])))
+    last = max(n - 1, 0)
+    pick = min(int(np.count_nonzero((e < n) & (cum <= np.float64(u) * cum[last]))), last)
+    return int(sI[pick])
+
+
+def _penalised(x, counts, params):
+    pen = np.float32(params.presence_penalty) + np.float32(params.frequency_penalty) * counts.astype(np.float32)
+    y = np.where(counts > 0, x - pen, x).astype(np.float32)
+    y[np.isnan(y)] = -np.inf
+    return y
+
+
+@dsl
+def test_emulated_networks_sort_like_lexsort():
+    """The kernels' bitonic schedules (run in numpy) give each slice's best K_MAX by (value desc, id asc),
+    with heavy ties (bf16-coarse values), -inf, and a partial last slice; the merge tree the global best."""
+    from cute_kernels import sample
+
+    rng = np.random.default_rng(5)
+    for n, scale in ((4096 * 3 + 8, 3.0), (4104, 0.05), (8192, 0.0)):
+        x = np.round(rng.normal(0, scale, n) * 4).astype(np.float32) / 4  # few distinct values: ties
+        x[rng.choice(n, 50, replace=False)] = -np.inf
+        pv, pi = _emulate_topk(x, sample)
+        for b in range(-(-n // sample.SLICE)):
+            lo, hi = b * sample.SLICE, min((b + 1) * sample.SLICE, n)
+            order = np.lexsort((np.arange(lo, hi), -x[lo:hi]))[:sample.K_MAX] + lo
+            got = pi[b * sample.K_MAX:(b + 1) * sample.K_MAX]
+            np.testing.assert_array_equal(got[:order.size], order, err_msg=f"n={n} slice {b}")
+        sV = np.full(sample.SLICE, -np.inf, np.float32)
+        sI = np.full(sample.SLICE, sample.PAD_ID, np.int64)
+        sV[:pv.size], sI[:pi.size] = pv, pi
+        _merge_tree(sV, sI, sample)
+        want = np.lexsort((np.arange(n), -x))[:sample.K_MAX]
+        np.testing.assert_array_equal(sI[:sample.K_MAX], want, err_msg=f"n={n} merged")
+
+
+@dsl
+def test_emulated_kernels_match_the_model():
+    """Both kernels emulated in numpy pick `reference_token`'s token over a grid of parameters and draws."""
+    from cute_kernels import sample
+
+    rng = np.random.default_rng(11)
+    n = 3 * 4096 + 1000
+    for case in range(24):
+        p = _params(rng, case)
+        x = rng.normal(0, 3, n).astype(np.float32)
+        if case % 5 == 0:
+            x = np.round(x)  # ties at the top-k boundary
+        counts = np.zeros(n, np.int32)
+        counts[rng.choice(n, 300, replace=False)] = rng.integers(1, 4, 300)
+        pv, pi = _emulate_topk(_penalised(x, counts, p), sample)
+        for u in (0.0, *rng.random(6)):
+            assert _emulate_pick(pv, pi, p, u, sample) == reference_token(x, counts, p, u), f"case {case} {p} u={u}"

@@ -1,7 +1,8 @@
 """Kernel variants for sampling on the device, their launchers, and a numpy model of the sampler.
 
 `SAMPLE_VARIANTS` (collected by the registry's family table):
-  argmax_bf16        out[0] = first index of the maximum of x bf16 [N] (N a multiple of 8), one CTA
+  argmax_bf16        out[0] = first index of the maximum of x bf16 [N] (N a multiple of 8), one cluster
+                     of ARGMAX_CTAS CTAs
   sample_topk_bf16   per 4096-logit slice: the 64 best penalised logits (value, id), one CTA a slice
   sample_pick        merges those lists, applies temperature / top-p / min-p, draws with u, one CTA
 
@@ -33,14 +34,15 @@ if TYPE_CHECKING:
     from inferno.cuda.device import Device
     from inferno.kernels.cache import LoadedKernel
 
+ARGMAX_CTAS = 8  # the argmax kernel's cluster (cute_kernels/argmax.py CTAS)
 ARGMAX = Variant(
     name="argmax_bf16", op="argmax", source="cute_kernels.argmax", cls="Argmax",
     config=dict(threads=1024),
     args=(Tensor("x", "bf16", ("N",), (1,)), Tensor("out", "i32", (1,), (1,), align=4)),
-    grid=("1", "1", "1"),
+    grid=(str(ARGMAX_CTAS), "1", "1"),
     divisibility={"N": 8},
     pdl=True,
-    summary="greedy sampling: first index of the maximum of bf16 logits [N], one CTA",
+    summary=f"greedy sampling: first index of the maximum of bf16 logits [N], one cluster of {ARGMAX_CTAS} CTAs",
 )
 
 K_MAX = 64  # the largest top_k sampled on the device (cute_kernels/sample.py)
@@ -103,7 +105,9 @@ class Argmax:
         args = []
         for p in m.params:
             args.append(TensorArg(px, (n,)) if p.name == "x" else TensorArg(po))
-        launch(self.loaded.kernel, eval_grid(m.grid, {"N": n}), m.block, self.loaded.layout.pack(args), m.smem, stream)
+        grid = eval_grid(m.grid, {"N": n})
+        launch(self.loaded.kernel, grid, m.block, self.loaded.layout.pack(args), m.smem, stream,
+               cluster=grid)  # the grid is one cluster
 
 
 def device_supports(params: "SamplingParams", vocab: int) -> bool:
