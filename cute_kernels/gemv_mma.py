@@ -393,6 +393,25 @@ class GemvMma:
         self.slots = tiles * self.per_unit
         self.xw = 8 if bits < 8 else 4  # x words (bf16 pairs) per lane and group
         self.hw = {5: 1, 6: 2}.get(bits, 0)  # high words per lane and group
+        self.sw = 2  # scale words per lane and group pair
+
+    # ---- format hooks (a subclass for another weight format overrides these and `_compute`) ----
+
+    def _planes(self, n_tiles, ngr):
+        """(high plane, scale plane) byte offsets of the weight image."""
+        return plane_offsets(self.bits, n_tiles, ngr)
+
+    def _scale_off(self, scale, tile, p, ngr, lane):
+        """Byte offset of the lane's `sw` scale words of group pair p of `tile`."""
+        return scale_offset(scale, tile, p, ngr, lane)
+
+    def _out_scale(self, mW, n_tiles, ngr):
+        """A per-matrix value the epilogue applies to every sum (`_unscale`); None: none."""
+        return None
+
+    def _unscale(self, a, fs):
+        """A reduced row sum as the epilogue uses it (fs: `_out_scale`'s value)."""
+        return a
 
     def geometry(self, m, k):
         """(rows of W, its 16-row tiles, output units, groups per row, group pairs per row) for m
@@ -423,7 +442,8 @@ class GemvMma:
         t_rows = cute.size(mX, mode=[0])
         k = cute.size(mX, mode=[1])
         n_w, n_tiles, n_units, ngr, npairs = self.geometry(m, k)
-        high, scale = plane_offsets(self.bits, n_tiles, ngr)
+        high, scale = self._planes(n_tiles, ngr)
+        fs = self._out_scale(mW, n_tiles, ngr)
 
         # This warp's tiles (units past the end recompute the last one; they are not stored) and pairs.
         tiles = []
@@ -471,16 +491,16 @@ class GemvMma:
             if idx < total:
                 if col < t_rows:
                     if o < m:
-                        self._store(red, mR, mY, m, ul, r, col, o)
+                        self._store(red, mR, mY, m, ul, r, col, o, fs)
 
     @cute.jit
-    def _store(self, red, mR, mY, m, ul, r, col, o):
+    def _store(self, red, mR, mY, m, ul, r, col, o, fs):
         """The epilogue of output o, column col (row r of unit ul of the CTA)."""
         wr, su = ul // self.tiles, ul % self.tiles
-        a = self._sum(red, wr, su * self.per_unit, r, col)
+        a = self._unscale(self._sum(red, wr, su * self.per_unit, r, col), fs)
         if cutlass.const_expr(self.epilogue == "swiglu"):
             off = m % 16 + r  # up row m + o sits at this row of the unit's up tiles
-            up = self._sum(red, wr, su * self.per_unit + 1 + off // 16, off % 16, col)
+            up = self._unscale(self._sum(red, wr, su * self.per_unit + 1 + off // 16, off % 16, col), fs)
             a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
         if cutlass.const_expr(self.epilogue == "residual"):
             a = a + mR[col, o].to(cutlass.Float32)
@@ -563,9 +583,9 @@ class GemvMma:
                     h = _ldw((w_ptr + high_offset(self.bits, high, tile, 2 * p + q, ngr, lane) // 4).toint(), self.hw)
                     for e in cutlass.range_constexpr(self.hw):
                         hbuf[e, q, b, st] = h[e]
-            sc = _ldw((w_ptr + scale_offset(scale, tile, p, ngr, lane) // 4).toint(), 2)
-            sb[0, b, st] = sc[0]
-            sb[1, b, st] = sc[1]
+            sc = _ldw((w_ptr + self._scale_off(scale, tile, p, ngr, lane) // 4).toint(), self.sw)
+            for e in cutlass.range_constexpr(self.sw):
+                sb[e, b, st] = sc[e]
 
     @cute.jit
     def _load_x(self, ld, xb, p, st):

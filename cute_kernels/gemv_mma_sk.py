@@ -34,8 +34,8 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32, plane_offsets, unit_tiles
-from cute_kernels.gemv_mma import base_offset, high_offset, scale_offset
+from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32, unit_tiles
+from cute_kernels.gemv_mma import base_offset, high_offset
 
 COUNTER_ALIGN = 32  # counters padded to 128 bytes before the fp32 sums
 
@@ -138,7 +138,7 @@ class GemvMmaSK(GemvMma):
         m = cute.size(mY, mode=[1])
         k = cute.size(mX, mode=[1])
         n_w, n_tiles, n_units, ngr, npairs = self.geometry(m, k)
-        high, scale = plane_offsets(self.bits, n_tiles, ngr)
+        high, scale = self._planes(n_tiles, ngr)
         nblk = n_units * npairs
         nwarps = nctas * self.warps
         wg = bidx * self.warps + warp
@@ -154,7 +154,8 @@ class GemvMmaSK(GemvMma):
             ring0 = ring.iterator.toint() + warp * (self.ring_slots * self.slot_bytes)
         cnt = mWs.iterator.toint()
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
-        geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0)
+        geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
+               self._out_scale(mW, n_tiles, ngr))
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
@@ -268,7 +269,8 @@ class GemvMmaSK(GemvMma):
                 if cutlass.const_expr(self.hw > 0):
                     _cp_async(d + 1024 + 128 * self.hw * q + 4 * self.hw * lane,
                               base + high_offset(self.bits, high, tile, 2 * p + q, ngr, lane), 4 * self.hw)
-            _cp_async(d + 1024 + 256 * self.hw + 8 * lane, base + scale_offset(scale, tile, p, ngr, lane), 8)
+            _cp_async(d + 1024 + 256 * self.hw + 4 * self.sw * lane, base + self._scale_off(scale, tile, p, ngr, lane),
+                      4 * self.sw)
 
     @cute.jit
     def _ring_to_regs(self, geo, bufs, nb, st):
@@ -285,9 +287,9 @@ class GemvMmaSK(GemvMma):
                     h = _lds(d + 1024 + 128 * self.hw * q + 4 * self.hw * lane, self.hw)
                     for e in cutlass.range_constexpr(self.hw):
                         hbuf[e, q, b, 0] = h[e]
-            sc = _lds(d + 1024 + 256 * self.hw + 8 * lane, 2)
-            sb[0, b, 0] = sc[0]
-            sb[1, b, 0] = sc[1]
+            sc = _lds(d + 1024 + 256 * self.hw + 4 * self.sw * lane, self.sw)
+            for e in cutlass.range_constexpr(self.sw):
+                sb[e, b, 0] = sc[e]
 
     @cute.jit
     def _load(self, geo, bufs, sl, u, p, st):
@@ -324,9 +326,9 @@ class GemvMmaSK(GemvMma):
             if col < self.cols:
                 if col < t_rows:
                     if o < m:
-                        a = _take(part + (col * n_w + o) * 4)
+                        a = self._unscale(_take(part + (col * n_w + o) * 4), geo[13])
                         if cutlass.const_expr(self.epilogue == "swiglu"):
-                            up = _take(part + (col * n_w + m + o) * 4)
+                            up = self._unscale(_take(part + (col * n_w + m + o) * 4), geo[13])
                             a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
                         if cutlass.const_expr(self.epilogue == "residual"):
                             a = a + mR[col, o].to(cutlass.Float32)

@@ -5,6 +5,7 @@
     python tools/bench_gemv.py --mma [--mma-tune] [--out f.json]   (tiled tensor-core GEMV vs this one)
     python tools/bench_gemv.py --build DIR --mma [--mma-tune]      (build the variants --mma times)
     python tools/bench_gemv.py --xs [--pdl] [--build DIR]   (x-in-shared-memory and stream-K members, T = 1)
+    python tools/bench_gemv.py --nvfp4 [--pdl] [--build DIR]   (NVFP4: tensor-core members vs CUDA-core, T = 1)
 
 Each case replays a CUDA graph of back-to-back launches that cycle over enough copies of the
 weights (>= 512 MB in all) that no launch finds its weights in L2, as in decode. Time = median
@@ -14,7 +15,9 @@ alternatives of the T=1 kernels, --compare the old-constant and 8-row swiglu one
 table, then markdown rows. --mma times the tensor-core GEMV (`gemv_mma_*`, weights in `tile16-v1`)
 against the CUDA-core one (row-split payload) at T = 1 and 8 on the 27B shapes (--mma-tune adds
 every K-split member at T = 1) and prints a comparison table last (it replaces the default, --tune
-and --compare cases).
+and --compare cases). --nvfp4 times the NVFP4 tensor-core family (`gemv_mma_nvfp4_*`, weights in
+`tile16-nvfp4-v1`), each of its members and the tuning shapes against the CUDA-core NVFP4 GEMV
+(`gemv_nvfp4_t1*`, the payload as is) on the 27B NVFP4 shapes, and prints its own table last.
 """
 
 from __future__ import annotations
@@ -85,8 +88,8 @@ def copy_bandwidth(stream: Stream, nbytes: int = 1 << 30) -> float:
 
 
 class Weights:
-    """Copies of one random payload (or its tile16-v1 image) on the device, uploaded once per
-    (format, shape, layout)."""
+    """Copies of one random payload (or its tile16-v1 image; or any prepared image, tiled=False) on the
+    device, uploaded once per (format, shape, layout)."""
 
     def __init__(self, fmt: str, n: int, k: int, pay: np.ndarray, tiled: bool = False):
         if tiled:
@@ -172,7 +175,12 @@ def main() -> None:
                          "prologue may overlap the previous one's tail)")
     ap.add_argument("--xs", action="store_true",
                     help="T = 1 on the 27B shapes: CUDA-core, tensor-core family, x-in-shared-memory members")
+    ap.add_argument("--nvfp4", action="store_true",
+                    help="T = 1 on the 27B shapes, NVFP4: CUDA-core GEMV vs the tensor-core family and members")
     a = ap.parse_args()
+    if a.nvfp4:
+        nvfp4_main(a)
+        return
     extra = (tune_cases() if a.tune else []) + (compare_cases() if a.compare else [])
     if a.mma:
         extra = mma_cases(a.mma_tune)
@@ -310,6 +318,117 @@ def print_mma_table(rows: list, copy: float) -> None:
         bm = f"{b['variant'][len(_family(b['variant'])) + 1:]} {b['us']:.1f} ({b['pct_copy']:.0f} %)" if b else "-"
         print(f"| {r['format']} | {r['shape']} | {epi} | {r['T']} | {ref} | {r['us']:.1f} ({r['pct_copy']:.0f} %) "
               f"| {sp} | {bm} |")
+
+
+# ---- --nvfp4 ---------------------------------------------------------------------------------------
+
+NVFP4_COMBOS = (("gate_up", "swiglu"), ("down", "residual"), ("value_z", "plain"), ("query_key", "plain"),
+                ("gdn_out", "residual"), ("attn_qk", "plain"))
+
+
+def nvfp4_cases() -> list:
+    """(label, variant or None, shape, epilogue) per 27B shape at T = 1: the CUDA-core GEMV (`core`), the
+    tensor-core family (`family`: its launcher picks), every registered member and the tuning shapes."""
+    from inferno.kernels import gemv_mma_nvfp4_variants as nv
+
+    out = []
+    for shape, epi in NVFP4_COMBOS:
+        out += [("core", None, shape, epi), ("family", None, shape, epi)]
+        out += [(v.name, v, shape, epi) for v in nv.members(epi) + nv.tune_variants(epi)]
+    return out
+
+
+def nvfp4_payload(n: int, k: int, rng) -> np.ndarray:
+    """A random NVFP4 payload: uniform code bits, scales 0.25 .. 4 (E4M3 0x28 .. 0x48), d_w 1000."""
+    from inferno.artifact.formats import nvfp4
+
+    codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales = rng.integers(0x28, 0x49, (n, k // 16), dtype=np.uint8)
+    return nvfp4.pack(codes, scales, np.float32(1000.0))
+
+
+def nvfp4_main(a) -> None:
+    """--nvfp4: one device run over nvfp4_cases(), a table of every case, then the comparison table."""
+    from inferno.artifact.formats import nvfp4
+    from inferno.kernels import gemv_mma_nvfp4_variants as nv
+    from inferno.kernels.gemv_nvfp4_variants import GemvNvfp4
+    from inferno.kernels.gemv_nvfp4_variants import variant_name as core_name
+    from inferno.kernels.tiled_nvfp4 import tile as tile_nvfp4
+
+    cases = nvfp4_cases()
+    if a.build:
+        from inferno.kernels.build import build_all
+
+        vs = {v.name: v for _, v, _, _ in cases if v is not None}
+        build_all(list(vs.values()), ["sm_90a"], Path(a.build))
+        return
+    dev = Device.open()
+    stream = Stream.create()
+    stream.pdl = a.pdl
+    rng = np.random.default_rng(0)
+    copy = copy_bandwidth(stream)
+    log(f"device {dev.name}  copy bandwidth {copy:.0f} GB/s (1 GiB D2D, read + write); PDL {'on' if a.pdl else 'off'}")
+    rows_out = []
+    for shape, epi in NVFP4_COMBOS:
+        n, k = SHAPES[shape]
+        log(f"uploading NVFP4 {shape} (payload and tile16-nvfp4-v1)")
+        pay = nvfp4_payload(n, k, rng)
+        wts = {"payload": Weights("NVFP4", n, k, pay), "tiled": Weights("NVFP4", n, k, tile_nvfp4(pay, n, k))}
+        m = n // 2 if epi == "swiglu" else n
+        wbytes = nvfp4.geometry((n, k)).code_bytes + n * k // 16
+        nbytes = wbytes + k * 2 + m * 2 * (2 if epi == "residual" else 1)
+        for label, v, s, e in cases:
+            if (s, e) != (shape, epi):
+                continue
+            try:
+                if label == "core":
+                    kern, w = GemvNvfp4.load(core_name(epi, 1), dev), wts["payload"]
+                elif label == "family":
+                    kern, w = nv.GemvMmaNvfp4.load(nv.variant_name(epi), dev), wts["tiled"]
+                else:
+                    cls = nv.GemvMmaNvfp4SK if v.config.get("sk") else nv.GemvMmaNvfp4
+                    kern, w = cls(load(v, dev)), wts["tiled"]
+                us = bench_case(kern, w, n, k, 1, stream, rng)
+            except Exception as ex:  # a tuning variant that is not built: report, go on
+                log(f"{label}: {type(ex).__name__}: {str(ex).splitlines()[0][:160]}")
+                continue
+            gbps = nbytes / us / 1e3
+            row = dict(variant=label, shape=f"{shape} [{n}x{k}]", epilogue=epi, us=us, weight_mb=wbytes / 1e6,
+                       gbps=gbps, pct_copy=100 * gbps / copy, floor_us=nbytes / copy / 1e3)
+            rows_out.append(row)
+            log(f"{label:<36} {row['shape']:<22} {us:8.2f} us  {gbps:6.0f} GB/s  {row['pct_copy']:5.1f} %")
+        for w in wts.values():
+            w.free()
+    if a.out:
+        Path(a.out).write_text(json.dumps(dict(device=dev.name, copy_gbps=copy, pdl=a.pdl, rows=rows_out), indent=1))
+    print(f"\ncopy bandwidth {copy:.0f} GB/s; {dev.name}; PDL {'on' if a.pdl else 'off'}")
+    print("| variant | shape | epilogue | weight MB | us | floor us | % copy |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows_out:
+        print(f"| {r['variant']} | {r['shape']} | {r['epilogue']} | {r['weight_mb']:.1f} | {r['us']:.1f} | "
+              f"{r['floor_us']:.1f} | {r['pct_copy']:.0f} |")
+    print_nvfp4_table(rows_out)
+
+
+def print_nvfp4_table(rows: list) -> None:
+    """Short table: per shape the CUDA-core GEMV, the tensor-core family and its fastest member."""
+    print("\n| shape | epilogue | floor us | CUDA-core us (% copy) | tensor-core family us (% copy) | speedup "
+          "| best member |")
+    print("|---|---|---|---|---|---|---|")
+    for shape, epi in NVFP4_COMBOS:
+        rs = [r for r in rows if r["shape"].startswith(shape + " ")]
+        core = next((r for r in rs if r["variant"] == "core"), None)
+        fam = next((r for r in rs if r["variant"] == "family"), None)
+        members = [r for r in rs if r["variant"] not in ("core", "family")]
+        best = min(members, key=lambda r: r["us"]) if members else None
+
+        def cell(r):
+            return f"{r['us']:.1f} ({r['pct_copy']:.0f} %)" if r else "-"
+
+        sp = f"{core['us'] / fam['us']:.2f}x" if core and fam else "-"
+        floor = f"{rs[0]['floor_us']:.1f}" if rs else "-"
+        bm = f"{best['variant']} {cell(best)}" if best else "-"
+        print(f"| {shape} | {epi} | {floor} | {cell(core)} | {cell(fam)} | {sp} | {bm} |")
 
 
 if __name__ == "__main__":

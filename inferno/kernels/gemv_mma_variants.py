@@ -275,6 +275,8 @@ class GemvMma:
     stream-K where `sk_wins`, else x in shared memory (`k_split` among its kw), else (K past
     KMAX, or no such member) x in registers."""
 
+    sk_cls: "type[GemvMmaSK]"  # the stream-K member's launcher (set below, after GemvMmaSK)
+
     def __init__(self, *loaded: "LoadedKernel"):
         if not loaded:
             raise LaunchError("GemvMma needs at least one loaded kernel")
@@ -284,7 +286,7 @@ class GemvMma:
         for lk in loaded:
             c = lk.manifest.config
             if c.get("sk"):
-                self.sk = GemvMmaSK(lk)
+                self.sk = self.sk_cls(lk)
                 continue
             outs = outs_per_cta(c["warps"], c["kw"], c["tiles"])
             if lk.manifest.grid != [f"cdiv(M, {outs})", "1", "1"]:
@@ -296,8 +298,20 @@ class GemvMma:
         if any(lk.manifest.config.get(f) != c.get(f) for lk in loaded
                for f in ("bits", "group", "cols", "epilogue", "norm")):
             raise LaunchError("GemvMma: the kernels are not members of one family")
-        self.fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (self.bits, self.group))
-        self.name = variant_name(self.fmt, self.epilogue, self.cols, self.norm)
+        self.fmt = self._format(c)
+        self.name = self._family_name()
+
+    @staticmethod
+    def _format(config: dict) -> str:
+        """The weight format of a member's config."""
+        return next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (config["bits"], config["group"]))
+
+    def _family_name(self) -> str:
+        return variant_name(self.fmt, self.epilogue, self.cols, self.norm)
+
+    def _weight_bytes(self, n: int, k: int) -> int:
+        """Bytes of the weight image of [n, k]."""
+        return _tiled_bytes(self.fmt, n, k)
 
     @classmethod
     def load(cls, name: str, device: "Device | None" = None) -> "GemvMma":
@@ -333,8 +347,7 @@ class GemvMma:
                  stream: Any = None) -> None:
         """W is [n, k] in tile16-v1 (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16;
         `norm` = (weight bf16 [k], eps) for a `_n` family: x is RMS-normed while it is staged."""
-        m, args = gemv_args(self.name, self.cols, self.epilogue, lambda n, k: _tiled_bytes(self.fmt, n, k),
-                            w, x, y, n, k, cols, r)
+        m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         pick = self.member(m, k)
         if isinstance(pick, GemvMmaSK):
             pick(w, x, y, n, k, cols, r=r, norm=norm, stream=stream)
@@ -360,11 +373,19 @@ class GemvMmaSK:
         self.loaded = loaded
         self.name = loaded.variant.name
         self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
-        self.fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (self.bits, self.group))
+        self.fmt = self._format(c)
         self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
         self.norm = bool(c.get("norm"))
         self._ws: dict[tuple[int, int], DeviceBuffer] = {}
 
+
+    @staticmethod
+    def _format(config: dict) -> str:
+        return GemvMma._format(config)
+
+    def _weight_bytes(self, n: int, k: int) -> int:
+        """Bytes of the weight image of [n, k]."""
+        return _tiled_bytes(self.fmt, n, k)
 
     def workspace(self, y: DeviceBuffer, nbytes: int) -> DeviceBuffer:
         from inferno.cuda.copy import memset_d8
@@ -392,13 +413,15 @@ class GemvMmaSK:
                  stream: Any = None) -> None:
         if k > self.kmax:
             raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
-        m, args = gemv_args(self.name, self.cols, self.epilogue, lambda n, k: _tiled_bytes(self.fmt, n, k),
-                            w, x, y, n, k, cols, r)
+        m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         nbytes = sk_workspace_bytes(m, n, self.cols)
         args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
         args += norm_args(self.name, self.norm, norm, k)
         mf = self.loaded.manifest
         launch(self.loaded.kernel, (self.grid(m, k), 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
+
+
+GemvMma.sk_cls = GemvMmaSK
 
 
 def norm_args(name: str, has_norm: bool, norm: "tuple[DeviceBuffer, float] | None", k: int) -> list:

@@ -174,6 +174,7 @@ CORE_VARIANTS: tuple[Variant, ...] = (
 _FAMILIES = (
     ("inferno.kernels.gemv_variants", "GEMV_VARIANTS"),
     ("inferno.kernels.gemv_mma_variants", "GEMV_MMA_VARIANTS"),
+    ("inferno.kernels.gemv_mma_nvfp4_variants", "GEMV_MMA_NVFP4_VARIANTS"),
     ("inferno.kernels.gemv_bf16_variants", "GEMV_BF16_VARIANTS"),
     ("inferno.kernels.gemv_nvfp4_variants", "GEMV_NVFP4_VARIANTS"),
     ("inferno.kernels.gdn_variants", "GDN_VARIANTS"),
