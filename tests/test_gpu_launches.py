@@ -138,7 +138,8 @@ def test_every_decode_launch_passes_the_launchers(dry):
         # the a|b projection: computed by the GDN step itself (INFERNO_FOLD_AB=1, the default), else a bf16 GEMV
         ab = [*inputs, "gdn_conv_step_ab"] if ex.ops.folds_ab(c.hidden) else ["gemv_bf16_t1_n", *inputs, "gdn_conv_step"]
         per_gdn = [*ab, "gemv_mma", "gemv_mma", "gemv_mma"]
-        per_attn = [*inputs, "attn_qk_prep", "attn_decode", "attn_combine", "gemv_mma", "gemv_mma", "gemv_mma"]
+        # attention: the decode kernel with the prep folded in, then the combine (its early-loading variant)
+        per_attn = [*inputs, "attn_decode_g", "attn_combine_early", "gemv_mma", "gemv_mma", "gemv_mma"]
         want = ["embedding"]
         for kind in c.layer_types:
             want += per_attn if kind == "full_attention" else per_gdn

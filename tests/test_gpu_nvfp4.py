@@ -1,5 +1,7 @@
-"""CPU: the GPU executor on a tiny NVFP4 artifact (fusion plan "nvfp4"). The residency plan splits
-the fused input projections by rows into NVFP4 matrices of their own; the emulated launch sequence
+"""CPU: the GPU executor on a tiny NVFP4 artifact (fusion plan "nvfp4"). The residency plan keeps the
+fused input projections as one matrix per layer (merged input projections; INFERNO_MERGE_PROJ=0 splits
+them by rows into NVFP4 matrices of their own) and every NVFP4 GEMV matrix in tile16-nvfp4-v1 for the
+tensor-core GEMV (INFERNO_TILED=head: the row-split CUDA-core GEMV); the emulated launch sequence
 (numpy models of the kernels) matches the reference executor; every NVFP4 GEMV the decode path
 launches passes the real launcher's checks against a real (sm_90a) manifest."""
 
@@ -18,7 +20,8 @@ from inferno.kernels.build import dsl_available
 from inferno.model.gpu import GpuExecutor
 from inferno.model.gpu.diagnose import layer_errors, report, rms_rel
 from inferno.model.gpu.emulator import EmulatedOps
-from inferno.model.gpu.residency import ROWS, decode_weights, plan_residency, split_rows
+from inferno.kernels import tiled_nvfp4
+from inferno.model.gpu.residency import ROWS, TILED, decode_weights, plan_residency, split_rows
 from inferno.model.gpu.weights import host_image
 
 LOGITS_RMS_REL = 0.03
@@ -48,10 +51,27 @@ def reference(artifact):
     return ReferenceExecutor(src.config, src.weights)
 
 
+def test_plan_keeps_the_fused_projections_tiled(opened):
+    a, spec, config, expected = opened
+    plan = plan_residency(config, expected, 1, 128, spec.plan)
+    assert [p.name for p in plan.placements] == [n for n, _, _ in decode_weights(config, "nvfp4", merge=True)]
+    by_name = {p.name: p for p in plan.placements}
+    for i, kind in enumerate(config.layer_types):
+        pre = f"text/layers/{i}/"
+        fused = pre + ("attention/query_key_gate_value" if kind == "full_attention" else "gdn/query_key_value_z")
+        p, e = by_name[fused], expected[fused]
+        assert (p.stored, p.fmt, p.sources, p.shape) == (TILED, "NVFP4", (fused,), tuple(e.shape))
+        img = host_image(p, a, expected)
+        assert img.nbytes == p.nbytes == tiled_nvfp4.tiled_geometry(*e.shape).nbytes
+        assert tiled_nvfp4.untile(img, *e.shape).tobytes() == bytes(a.tensor_bytes(fused))
+        assert not any(n.endswith(("/query_key", "/gate_value", "/value_z")) for n in by_name if n.startswith(pre))
+    assert by_name["text/layers/0/mlp/gate_up"].stored == TILED
+
+
 def test_plan_splits_the_fused_projections_by_rows(opened):
     a, spec, config, expected = opened
     assert spec.plan == "nvfp4"
-    plan = plan_residency(config, expected, 1, 128, spec.plan)
+    plan = plan_residency(config, expected, 1, 128, spec.plan, merge=False)
     assert [p.name for p in plan.placements] == [n for n, _, _ in decode_weights(config, "nvfp4")]
     by_name = {p.name: p for p in plan.placements}
     for i, kind in enumerate(config.layer_types):
@@ -84,6 +104,8 @@ def test_unsplittable_rows_are_refused(opened):
     e = expected[name]
     bad[name] = dataclasses.replace(e, shape=(e.shape[0] - 128, e.shape[1]))
     with pytest.raises(NotBuiltError, match="cannot be split off"):
+        plan_residency(config, bad, 1, 128, spec.plan, merge=False)
+    with pytest.raises(NotBuiltError, match="input projections need"):
         plan_residency(config, bad, 1, 128, spec.plan)
     with pytest.raises(NotBuiltError, match="fusion plans split, nvfp4"):
         plan_residency(config, expected, 1, 128, "fused-everything")
@@ -118,7 +140,8 @@ def test_emulated_layers_match_reference(emulated, reference):
 
 @pytest.mark.skipif(not dsl_available(), reason="the CuTe DSL is not installed (kernels cannot be built)")
 def test_nvfp4_gemv_launches_pass_the_launcher(artifact, tmp_path, monkeypatch):
-    """Each NVFP4 GEMV of a decode step goes through GemvNvfp4 with the built manifest (launch recorded)."""
+    """Each NVFP4 GEMV of a decode step (row-split: INFERNO_TILED=head) goes through GemvNvfp4 with the
+    built manifest (launch recorded)."""
     from inferno.cuda.params import PackedParams, ParamLayout, ParamSpec
     from inferno.kernels import cache
     from inferno.kernels import gemv_nvfp4_variants as gf
@@ -152,6 +175,7 @@ def test_nvfp4_gemv_launches_pass_the_launcher(artifact, tmp_path, monkeypatch):
 
     monkeypatch.setattr(gf, "launch", record)
     monkeypatch.setattr(EmulatedOps, "gemv", gemv)
+    monkeypatch.setenv("INFERNO_TILED", "head")
     ex = GpuExecutor(artifact, emulate=True, max_seqs=1, max_context=64, progress=False)
     s = ex.new_state()
     try:
@@ -159,7 +183,7 @@ def test_nvfp4_gemv_launches_pass_the_launcher(artifact, tmp_path, monkeypatch):
     finally:
         ex.release(s)
     c = ex.config
-    assert len(launches) == 5 * c.n_layers, launches  # per layer: input projections (2), output, gate_up, down
+    assert len(launches) == 4 * c.n_layers, launches  # per layer: the fused input projections, output, gate_up, down
     outs = {"gemv_nvfp4_t1_swiglu": c.intermediate, "gemv_nvfp4_t1_res": c.hidden}
     for name, grid in launches:
         assert grid[0] >= 1 and (name not in outs or grid[0] == -(-outs[name] // (2 if "swiglu" in name else 4)))
@@ -167,8 +191,10 @@ def test_nvfp4_gemv_launches_pass_the_launcher(artifact, tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not dsl_available(), reason="the CuTe DSL is not installed (kernels cannot be built)")
 def test_cuda_ops_resolves_the_nvfp4_gemv(tmp_path, monkeypatch):
-    """CudaOps picks GemvNvfp4 for NVFP4 weights and GemvQ for the groupwise ones (no device needed)."""
+    """CudaOps picks GemvNvfp4 for row-split NVFP4 weights, GemvMmaNvfp4 for tile16-nvfp4-v1 ones and GemvQ
+    for the groupwise ones (no device needed)."""
     from inferno.kernels import cache
+    from inferno.kernels.gemv_mma_nvfp4_variants import GemvMmaNvfp4
     from inferno.kernels.gemv_nvfp4_variants import GemvNvfp4
     from inferno.kernels.gemv_variants import GemvQ
     from inferno.kernels.manifest import Manifest
@@ -187,6 +213,7 @@ def test_cuda_ops_resolves_the_nvfp4_gemv(tmp_path, monkeypatch):
     assert ops._gemv_launcher("NVFP4", "residual").name == "gemv_nvfp4_t1_res"
     assert isinstance(ops._gemv_launcher("W8G32_F16S", "plain"), GemvQ)
     assert sorted(ops._gemv) == ["gemv_nvfp4_t1_res", "gemv_nvfp4_t1_swiglu", "gemv_w8_t1"]
+    assert isinstance(ops._gemv_launcher("NVFP4", "plain", tiled=True), GemvMmaNvfp4)
 
 
 # ---- mixed NVFP4 + BF16 (the published qwen3.6-27b/nvfp4 keeps some matrices BF16) ------------------
@@ -234,7 +261,7 @@ def test_mixed_plan_keeps_the_bf16_matrices(mixed_identity, mixed_artifact):
     a.close()
     plan = plan_residency(config, {e.name: e for e in expected}, 1, 128, spec.plan)
     fmt = {p.name: p.fmt for p in plan.placements}
-    bf16 = {f"text/layers/{attn}/attention/{m}" for m in ("query_key", "gate_value", "output")}
+    bf16 = {f"text/layers/{attn}/attention/{m}" for m in ("query_key_gate_value", "output")}  # fused inputs: one
     bf16.add(f"text/layers/{gdn}/gdn/output")
     gemv = {n for n in fmt if n.endswith(("query_key", "gate_value", "value_z", "output", "mlp/down", "mlp/gate_up"))
             and n.startswith("text/layers/")}
@@ -321,6 +348,6 @@ def test_mixed_bf16_gemv_launches_pass_the_launcher(mixed_identity, mixed_artifa
         ex.release(s)
     c = ex.config
     q_width = c.n_heads * c.head_dim
-    # attention layer: query_key, gate_value (plain), output (residual); GDN layer 0: output (residual)
-    assert sorted(launches) == sorted([("gemv_bf16_t1", ((q_width + c.n_kv_heads * c.head_dim),) + (1, 1))] * 2
+    # attention layer: the fused query_key | gate_value (plain), output (residual); GDN layer 0: output (residual)
+    assert sorted(launches) == sorted([("gemv_bf16_t1", (2 * (q_width + c.n_kv_heads * c.head_dim), 1, 1))]
                                       + [("gemv_bf16_t1_res", (c.hidden, 1, 1))] * 2), launches

@@ -124,9 +124,11 @@ def test_gemv_kinds_report_tiled_per_placement(inventory):
     assert {"plain", "residual", "swiglu"} == {e for _, e, _ in kinds["all"]}
 
 
-def test_all_mode_leaves_nvfp4_matrices_alone(tmp_path):
-    """Fusion plan "nvfp4" (NVFP4 layers, the split fused projections, a W8 head): only the
-    groupwise-int head is tiled; NVFP4 payloads and their row slices stay as they are."""
+def test_all_mode_tiles_nvfp4_matrices(tmp_path):
+    """Fusion plan "nvfp4" (NVFP4 layers, the fused input projections, a W8 head): "all" holds every NVFP4
+    GEMV matrix in tile16-nvfp4-v1 (the fused projections as they are, one matrix a layer); "head" only
+    the head; with the input projections split by rows (INFERNO_MERGE_PROJ=0) the row slices stay as
+    they are."""
     from inferno.artifact.synth import synthesize_artifact
 
     path = tmp_path / "tiny-nvfp4.ninfer"
@@ -135,9 +137,12 @@ def test_all_mode_leaves_nvfp4_matrices_alone(tmp_path):
     a.close()
     inv = {e.name: e for e in expected}
     head, every = (R.plan_residency(config, inv, 1, 64, spec.plan, tiling=mode) for mode in ("head", "all"))
-    assert {p.name for p in every.placements if p.stored == R.TILED} == {"text/output_head"}
-    assert every.placements == head.placements
-    assert {p.stored for p in every.placements if p.fmt == "NVFP4"} == {R.PAYLOAD, R.ROWS}
+    assert {p.name for p in head.placements if p.stored == R.TILED} == {"text/output_head"}
+    assert {p.stored for p in head.placements if p.fmt == "NVFP4"} == {R.PAYLOAD}
+    assert {p.stored for p in every.placements if p.fmt == "NVFP4"} == {R.TILED}
+    assert [p.name for p in every.placements] == [p.name for p in head.placements]
+    split = R.plan_residency(config, inv, 1, 64, spec.plan, tiling="all", merge=False)
+    assert {p.stored for p in split.placements if p.fmt == "NVFP4"} == {R.TILED, R.ROWS}
 
 
 # --- the emulated executor: "all" == "head" -------------------------------------------------------

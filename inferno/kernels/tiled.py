@@ -63,8 +63,16 @@ class TiledGeometry:
         return self.scale_offset + self.scale_bytes
 
 
-def tiled_geometry(fmt: str, n: int, k: int) -> TiledGeometry:
-    """The `tile16-v1` geometry of `fmt` [n, k]."""
+NVFP4 = "NVFP4"  # held in `tile16-nvfp4-v1` (inferno/kernels/tiled_nvfp4.py): tiled_geometry / tile / untile
+# take it too, so callers that hold either kind of tensor-core GEMV image need one entry point
+
+
+def tiled_geometry(fmt: str, n: int, k: int):
+    """The `tile16-v1` geometry of `fmt` [n, k] (NVFP4: its `tile16-nvfp4-v1` geometry)."""
+    if fmt == NVFP4:
+        from inferno.kernels import tiled_nvfp4
+
+        return tiled_nvfp4.tiled_geometry(n, k)
     if fmt not in SCHEMES:
         raise TiledLayoutError(f"no {LAYOUT} layout for format {fmt!r}; formats: {', '.join(SCHEMES)}")
     g = geometry(fmt, (n, k))
@@ -87,7 +95,12 @@ def _rows(plane: np.ndarray, n: int, tiles: int) -> np.ndarray:
 
 
 def tile(fmt: str, payload, n: int, k: int) -> np.ndarray:
-    """The `tile16-v1` bytes (uint8) of a `row-split-k128-v1` payload of `fmt` [n, k]."""
+    """The `tile16-v1` bytes (uint8) of a `row-split-k128-v1` payload of `fmt` [n, k] (NVFP4: the
+    `tile16-nvfp4-v1` bytes of its `blockscale-k16-m128x4-v1` payload)."""
+    if fmt == NVFP4:
+        from inferno.kernels import tiled_nvfp4
+
+        return tiled_nvfp4.tile(payload, n, k)
     g, t = geometry(fmt, (n, k)), tiled_geometry(fmt, n, k)
     buf = np.frombuffer(payload, dtype=np.uint8)
     if buf.size != g.nbytes:
@@ -110,7 +123,12 @@ def tile(fmt: str, payload, n: int, k: int) -> np.ndarray:
 
 
 def untile(fmt: str, tiled, n: int, k: int) -> np.ndarray:
-    """The `row-split-k128-v1` bytes of a `tile16-v1` image (the inverse of `tile`; padding rows dropped)."""
+    """The `row-split-k128-v1` bytes of a `tile16-v1` image (the inverse of `tile`; padding rows dropped;
+    NVFP4: the blockscale payload of a `tile16-nvfp4-v1` image)."""
+    if fmt == NVFP4:
+        from inferno.kernels import tiled_nvfp4
+
+        return tiled_nvfp4.untile(tiled, n, k)
     g, t = geometry(fmt, (n, k)), tiled_geometry(fmt, n, k)
     buf = np.frombuffer(tiled, dtype=np.uint8)
     if buf.size != t.nbytes:

@@ -136,7 +136,8 @@ def test_graph_equals_eager(graph_ex, eager_ex):
 
 def test_decode_graph_has_no_copies(graph_ex):
     """The captured decode body copies nothing: the attention kernels read q and the gate where the
-    projection GEMVs wrote them (no per-layer memcpy nodes between the GEMVs and attn_qk_prep)."""
+    projection GEMVs wrote them (no per-layer memcpy nodes between the GEMVs and the attention kernel, which
+    normalises q and k itself)."""
     from inferno.cuda.driver import driver
     from inferno.cuda.errors import check
 
@@ -147,7 +148,7 @@ def test_decode_graph_has_no_copies(graph_ex):
     types = [check(cu.cuGraphNodeGetType(n), "cuGraphNodeGetType") for n in nodes]
     copies = sum(t == cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY for t in types)
     n_attn = len(graph_ex.config.attention_layers)
-    preps = [k for k in ge.kernel_nodes() if "AttnQkPrep" in k.name]
+    preps = [k for k in ge.kernel_nodes() if "AttnDecodeFused" in k.name]
     assert n_attn > 0 and len(preps) == n_attn, [k.name for k in ge.kernel_nodes()]
     assert copies == 0, f"{copies} memcpy nodes in the decode graph ({len(nodes)} nodes)"
 

@@ -125,14 +125,18 @@ class EmulatedOps:
         m = self._dequant.get(key)
         if m is None and fmt == "BF16":
             m = self._dequant[key] = self._get(w, bfloat16, n * k).reshape(n, k).astype(np.float32)
-        if m is None and fmt == "NVFP4":
-            from inferno.artifact.formats import nvfp4
-
-            m = self._dequant[key] = nvfp4.decode(self._bytes(w, nvfp4.geometry((n, k)).nbytes).tobytes(), (n, k))
-        if m is None and tiled:  # a groupwise-int matrix in tile16-v1 (residency.TILED)
+        payload = None
+        if m is None and tiled:  # in tile16-v1 (groupwise-int) or tile16-nvfp4-v1 (residency.TILED)
             from inferno.kernels.tiled import tiled_geometry, untile
 
             payload = untile(fmt, self._bytes(w, tiled_geometry(fmt, n, k).nbytes), n, k).tobytes()
+        if m is None and fmt == "NVFP4":
+            from inferno.artifact.formats import nvfp4
+
+            if payload is None:
+                payload = self._bytes(w, nvfp4.geometry((n, k)).nbytes).tobytes()
+            m = self._dequant[key] = nvfp4.decode(payload, (n, k))
+        if m is None and tiled:
             m = self._dequant[key] = dequant_rows(fmt, payload, n, k).astype(np.float32)
         if m is None:
             from inferno.artifact.formats.groupwise import geometry
@@ -199,8 +203,14 @@ class EmulatedOps:
         self._put(state, s, np.float32, slot * size)
         self._put(out, normed)
 
-    def attn_prep(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g: AttnGeometry) -> None:
-        self.launches += 1
+    def attention(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse, gate,
+                  out, g: AttnGeometry) -> None:
+        """As the GPU's two launches (the decode kernel with the prep folded in, the combine)."""
+        self._attn_prep(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g)
+        self._attn_decode(q, lens, page_table, kv, part_o, part_lse, gate, out, g)
+        self.launches += 2
+
+    def _attn_prep(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g: AttnGeometry) -> None:
         d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
         pos = int(self._get(positions, np.int32, 1)[0])
         slot = int(self._get(lens, np.int32, 1)[0]) - 1
@@ -219,8 +229,7 @@ class EmulatedOps:
                 row = ((page * 2 + kvi) * hkv + head) * PAGE + slot % PAGE
                 self._put(kv, data[head], offset=row * d)
 
-    def attn_decode(self, q, lens, page_table, kv, part_o, part_lse, gate, out, g: AttnGeometry) -> None:
-        self.launches += 2
+    def _attn_decode(self, q, lens, page_table, kv, part_o, part_lse, gate, out, g: AttnGeometry) -> None:
         d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
         length = int(self._get(lens, np.int32, 1)[0])
         table = self._get(page_table, np.int32, g.pages_per_seq)

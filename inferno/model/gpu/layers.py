@@ -13,7 +13,7 @@ launch into ws['normed']):
     attn:  [q|k|gate|v] = [Wqk; Wgv] normed (merged: one GEMV into mix_in; else q|k into mix_in and
            gate|v into gate_value); q/k norm + RoPE + K/V append to the paged cache (q, k, v read
            where the GEMVs wrote them); split-K decode attention + combine with the sigmoid gate
-           -> mix_out
+           -> mix_out (`Ops.attention`: on the GPU the prep runs inside the decode kernel)
     x_mid  = x + Wo mix_out                         (GEMV, residual epilogue)
     normed = rmsnorm(x_mid, post_attention_norm)
     act    = silu(Wg normed) * (Wu normed)           (GEMV, fused SwiGLU epilogue)
@@ -171,7 +171,6 @@ class DecodeProgram:
         # the kernels read q, k, gate, v where the GEMVs wrote them (head h at h * d)
         q_proj, k = mix.view(0, qw * BF16), mix.view(qw * BF16, kvw * BF16)
         gate, v = gate_value.view(0, qw * BF16), gate_value.view(qw * BF16, kvw * BF16)
-        ops.attn_prep(q_proj, k, v, w[p + "attention/query_norm"].buf, w[p + "attention/key_norm"].buf,
-                      self.positions, self.lens, self.page_table, self.states.kv[i], ws["q"], g)
-        ops.attn_decode(ws["q"], self.lens, self.page_table, self.states.kv[i], ws["part_o"], ws["part_lse"], gate,
-                        ws["mix_out"], g)
+        ops.attention(q_proj, k, v, w[p + "attention/query_norm"].buf, w[p + "attention/key_norm"].buf,
+                      self.positions, self.lens, self.page_table, self.states.kv[i], ws["q"], ws["part_o"],
+                      ws["part_lse"], gate, ws["mix_out"], g)

@@ -51,13 +51,13 @@ FOLD_NORM_ENV = "INFERNO_FOLD_NORM"  # 0: a separate rmsnorm launch before the G
 
 
 def folds_norm_shape(fmt: str, epilogue: str, tiled: bool, k: int) -> bool:
-    """Whether a `_n` kernel family covers this GEMV: tensor-core Q4-Q6 (tile16-v1) plain or swiglu with
-    K <= NORM_KMAX, or bf16 plain."""
+    """Whether a `_n` kernel family covers this GEMV: tensor-core Q4-Q6 (tile16-v1) or NVFP4
+    (tile16-nvfp4-v1) plain or swiglu with K <= NORM_KMAX, or bf16 plain."""
     from inferno.kernels import gemv_mma_variants as M
 
     if fmt == "BF16":
         return epilogue == "plain"
-    return (tiled and epilogue in ("plain", "swiglu") and fmt in M.FORMATS and M.FORMATS[fmt][1] != 8
+    return (tiled and epilogue in ("plain", "swiglu") and (fmt == "NVFP4" or (fmt in M.FORMATS and M.FORMATS[fmt][1] != 8))
             and k <= M.NORM_KMAX)
 
 
@@ -107,12 +107,12 @@ class Ops(Protocol):
                       ab: AbFold | None = None) -> None: ...  # ab: a, b computed in the step (a = b = None)
     # attention: q_proj and gate bf16 [n_heads * head_dim] (head h at h * head_dim, as the projections
     # write them), k and v [n_kv_heads * head_dim]; q is the fp32 [n_heads, head_dim] scratch prep fills
-    def attn_prep(self, q_proj: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
+    # q/k norm + RoPE, k and v appended to the paged cache, split-K decode into part_o / part_lse (q: the
+    # normed q, fp32), the partials merged and gated by sigmoid(gate) into out
+    def attention(self, q_proj: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
                   k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer,
-                  kv: DeviceBuffer, q: DeviceBuffer, g: AttnGeometry) -> None: ...
-    def attn_decode(self, q: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer, kv: DeviceBuffer,
-                    part_o: DeviceBuffer, part_lse: DeviceBuffer, gate: DeviceBuffer, out: DeviceBuffer,
-                    g: AttnGeometry) -> None: ...
+                  kv: DeviceBuffer, q: DeviceBuffer, part_o: DeviceBuffer, part_lse: DeviceBuffer,
+                  gate: DeviceBuffer, out: DeviceBuffer, g: AttnGeometry) -> None: ...
     def argmax(self, x: DeviceBuffer, out: DeviceBuffer, n: int) -> None: ...
     def sample(self, logits: DeviceBuffer, counts: DeviceBuffer, scratch: DeviceBuffer, out: DeviceBuffer, n: int,
                params: Any, u: float) -> None: ...  # out[0] = token, counts[token] += 1
@@ -181,14 +181,13 @@ class CudaOps:
                 raise _missing("attention decode", "inferno/kernels/attn_variants.py",
                                f"cannot be imported ({e})") from None
             try:
-                decode = A.decode_variant(config.n_heads, config.n_kv_heads)
+                decode = A.decode_variant(config.n_heads, config.n_kv_heads, fused=True)
             except LaunchError:
                 raise _missing(f"attn_decode_g{attn_group}", "inferno/kernels/attn_variants.py",
                                f"has no variant for {attn_group} query heads per kv head "
                                f"(groups built: {', '.join(map(str, A.GROUPS))})") from None
-            self._attn_prep = A.AttnQkPrep(load(A.PREP, dev))
-            self._attn_decode = A.AttnDecode(load(decode, dev))
-            self._attn_combine = A.AttnCombine(load(A.COMBINE, dev))
+            self._attn_decode = A.AttnDecodeFused(load(decode, dev))
+            self._attn_combine = A.AttnCombine(load(A.COMBINE_EARLY, dev))
 
     def _gemv_launcher(self, fmt: str, epilogue: str, tiled: bool = False, norm: bool = False) -> Any:
         from inferno.kernels import gemv_nvfp4_variants as F
@@ -199,13 +198,17 @@ class CudaOps:
             return self._gemv_bf16_launcher(epilogue, norm)
         if norm and not tiled:
             raise LaunchError(f"no GEMV with the RMSNorm folded in for {fmt} in its row-split layout")
-        if tiled:  # groupwise-int in tile16-v1: the tensor-core GEMV
+        if tiled:  # groupwise-int in tile16-v1, NVFP4 in tile16-nvfp4-v1: the tensor-core GEMV
+            from inferno.kernels import gemv_mma_nvfp4_variants as N
             from inferno.kernels import gemv_mma_variants as M
 
-            name = M.variant_name(fmt, epilogue, 1, norm)
+            if fmt == F.FORMAT:
+                cls, name = N.GemvMmaNvfp4, N.variant_name(epilogue, 1, norm)
+            else:
+                cls, name = M.GemvMma, M.variant_name(fmt, epilogue, 1, norm)
             g = self._gemv.get(name)
             if g is None:
-                g = self._gemv[name] = M.GemvMma.load(name, self.device)
+                g = self._gemv[name] = cls.load(name, self.device)
             return g
         name = F.variant_name(epilogue, 1) if fmt == F.FORMAT else variant_name(fmt, epilogue, 1)
         g = self._gemv.get(name)
@@ -377,15 +380,14 @@ class CudaOps:
         self._gdn_conv_step_ab(x, conv_state, conv_w, z, h, h_norm_w, w_ab, a_log, dt_bias, norm_w, state, slots,
                                sync, out, 1, k_heads, v_heads, n_slots, hidden, eps, h_eps, stream=self.stream)
 
-    def attn_prep(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g) -> None:
-        self._attn_prep(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, batch=1, n_heads=g.n_heads,
-                        n_kv_heads=g.n_kv_heads, table_width=g.pages_per_seq, eps=g.eps, rope_theta=g.rope_theta,
-                        q_head_stride=g.head_dim, stream=self.stream)
-
-    def attn_decode(self, q, lens, page_table, kv, part_o, part_lse, gate, out, g) -> None:
-        self._attn_decode(q, lens, page_table, kv, part_o, part_lse, batch=1, n_heads=g.n_heads,
-                          n_kv_heads=g.n_kv_heads, table_width=g.pages_per_seq, splits=g.splits,
-                          scale=g.head_dim ** -0.5, stream=self.stream)
+    def attention(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse, gate,
+                  out, g) -> None:
+        """Two launches: the decode kernel with the prep folded in, then the combine (its lens and gate
+        loads before its PDL wait: lens is the host's step buffer, the gate two launches back)."""
+        self._attn_decode(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse,
+                          batch=1, n_heads=g.n_heads, n_kv_heads=g.n_kv_heads, table_width=g.pages_per_seq,
+                          splits=g.splits, eps=g.eps, rope_theta=g.rope_theta, scale=g.head_dim ** -0.5,
+                          q_head_stride=g.head_dim, stream=self.stream)
         self._attn_combine(part_o, part_lse, lens, gate, out, batch=1, n_heads=g.n_heads, splits=g.splits,
                            gate_head_stride=g.head_dim, stream=self.stream)
 

@@ -293,10 +293,13 @@ class RecordingOps:
         # (residency.MERGED_INPUTS) the stack in the wider format, so its narrower half counts at the wider
         # width; inferno/bench/accounting.py keeps counting the artifact's own bytes (the roofline).
         if tiled:
+            from inferno.kernels import gemv_mma_nvfp4_variants as N
             from inferno.kernels.gemv_mma_variants import variant_name
             from inferno.kernels.tiled import tiled_geometry
 
-            weights, name = tiled_geometry(fmt, n, k).nbytes, variant_name(fmt, epilogue, 1, norm is not None)
+            name = (N.variant_name(epilogue, 1, norm is not None) if fmt == "NVFP4"
+                    else variant_name(fmt, epilogue, 1, norm is not None))
+            weights = tiled_geometry(fmt, n, k).nbytes
         else:
             weights, name = payload_nbytes(fmt, n, k), gemv_variant(fmt, epilogue)
         weights += self._norm_bytes(norm, k)
@@ -344,14 +347,17 @@ class RecordingOps:
         act = (g.n_heads * d + 2 * g.n_kv_heads * d) * BF16 + g.n_heads * d * F32
         return "attn_prep", Work(3 * I32 + act + 2 * d * BF16 + new_kv, fixed=new_kv + 2 * d * BF16)
 
-    def _w_attn_decode(self, q, lens, page_table, kv, part_o, part_lse, qg, out, g):
+    def _w_attention(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse,
+                     gate, out, g):
+        """The decode kernel (prep folded in: q, k, v in, the new K/V row out) and the combine."""
+        _, prep = self._w_attn_prep(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g)
         d, hq, n = g.head_dim, g.n_heads, self.length
-        cache = n * 2 * g.n_kv_heads * kv_vector_bytes(d, self.dtypes.kv)
+        cache = n * 2 * g.n_kv_heads * kv_vector_bytes(d, self.dtypes.kv)  # as the accounting counts the context
         table = -(-n // 64) * I32
         partial = 2 * g.splits * hq * (d + 1) * F32  # written by the split kernel, read by the combine
-        act = hq * d * F32 + 2 * hq * d * BF16  # q, gate, out
-        return "attn_decode+combine", Work(I32 + table + cache + partial + act, 4 * hq * d * n, fixed=cache,
-                                           launches=2)
+        act = 2 * hq * d * BF16  # gate, out
+        return "attention", Work(prep.bytes + table + cache + partial + act, 4 * hq * d * n,
+                                 fixed=prep.fixed + cache, launches=2)
 
     def _w_argmax(self, x, out, n):
         return "argmax", Work(n * BF16 + I32)
@@ -373,7 +379,8 @@ class RecordingOps:
             weights = tiled_geometry(fmt, n, k).nbytes
         else:
             weights = payload_nbytes(fmt, n, k)
-        return f"dequant {fmt}{' tile16-v1' if tiled else ''} {role(w)}", Work(weights + n * k * BF16, fixed=weights)
+        layout = (" tile16-nvfp4-v1" if fmt == "NVFP4" else " tile16-v1") if tiled else ""
+        return f"dequant {fmt}{layout} {role(w)}", Work(weights + n * k * BF16, fixed=weights)
 
     def _w_gemm(self, a, b, c, m, n, k):
         return f"gemm {role(b)}", Work((m * k + n * k + m * n) * BF16, 2 * m * n * k)

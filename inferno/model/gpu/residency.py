@@ -95,11 +95,12 @@ def merge_mode(merge: bool | None = None) -> bool:
 
 
 def tiled_storage(name: str, fmt: str, mode: str) -> bool:
-    """Whether policy `mode` keeps matrix `name` of format `fmt` in tile16-v1: a groupwise-int matrix
-    a decode GEMV reads: every Q4-Q6 one and the head ("all"), or the output head only ("head")."""
+    """Whether policy `mode` keeps matrix `name` of format `fmt` in the tensor-core GEMV's layout
+    (tile16-v1; NVFP4: tile16-nvfp4-v1): a matrix a decode GEMV reads: every Q4-Q6 and NVFP4 one and the
+    head ("all"), or the output head only ("head")."""
     from inferno.kernels.gemv_variants import FORMATS
 
-    if fmt not in FORMATS or gemv_epilogue(name) is None:
+    if (fmt not in FORMATS and fmt != "NVFP4") or gemv_epilogue(name) is None:
         return False
     return name in TILED_HEAD or (mode == "all" and fmt not in ROW_SPLIT_FORMATS)
 
@@ -354,6 +355,11 @@ _FUSED_NVFP4 = {"attention/query_key": ("attention/query_key_gate_value", 0),
                 "gdn/query_key": ("gdn/query_key_value_z", 0), "gdn/value_z": ("gdn/query_key_value_z", 1)}
 
 
+def _second_half(stack_name: str) -> str:
+    """The second matrix of a merged input projection (`MERGED_INPUTS`), e.g. 'gdn/value_z'."""
+    return next(halves[1] for stack, halves in MERGED_INPUTS.values() if stack_name.endswith(stack))
+
+
 def split_rows(config: ModelConfig, name: str) -> tuple[int, int]:
     """Row range [r0, r1) of device matrix `name` (a ROWS placement) in its fused source:
     attention [q, k | gate, v], GDN [q, k | v, z]."""
@@ -366,11 +372,12 @@ def split_rows(config: ModelConfig, name: str) -> tuple[int, int]:
     return (0, first) if half == 0 else (first, total)
 
 
-def decode_weights(config: ModelConfig, fusion: str = "split",
-                   merged: frozenset[int] = frozenset()) -> list[tuple[str, tuple[str, ...], str]]:
+def decode_weights(config: ModelConfig, fusion: str = "split", merged: frozenset[int] = frozenset(),
+                   merge: bool = False) -> list[tuple[str, tuple[str, ...], str]]:
     """(device name, artifact sources, storage) of every weight the dense decode path reads, for the
-    identity's fusion plan `fusion` ("nvfp4": the fused input projections are split by rows); the
-    input projections of layers `merged` are one TILED matrix of two sources (`MERGED_INPUTS`)."""
+    identity's fusion plan `fusion` ("nvfp4": the artifact's fused input projections kept as they are
+    when `merge`, else split by rows); the input projections of layers `merged` (plan "split") are one
+    TILED matrix of two sources (`MERGED_INPUTS`)."""
     out: list[tuple[str, tuple[str, ...], str]] = [("text/token_embedding", ("text/token_embedding",), DEQUANT_BF16)]
     for i, kind in enumerate(config.layer_types):
         p = f"text/layers/{i}/"
@@ -387,6 +394,9 @@ def decode_weights(config: ModelConfig, fusion: str = "split",
             if i in merged and n in halves:
                 if n == halves[0]:
                     out.append((p + stack, tuple(p + h for h in halves), TILED))
+            elif fusion == "nvfp4" and n in _FUSED_NVFP4 and merge:
+                if n == halves[0]:  # the fused tensor is the merged matrix (same name, same row order)
+                    out.append((p + stack, (p + _FUSED_NVFP4[n][0],), PAYLOAD))
             elif fusion == "nvfp4" and n in _FUSED_NVFP4:
                 out.append((p + n, (p + _FUSED_NVFP4[n][0],), ROWS))
             else:
@@ -457,7 +467,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
         raise UsageError(f"--prefill-chunk must be 1..{MAX_PREFILL_CHUNK} tokens, got {prefill_chunk}")
     placements = []
     merged = merged_layers(config, expected, fusion, tiling, merge)
-    for name, sources, stored in decode_weights(config, fusion, merged):
+    for name, sources, stored in decode_weights(config, fusion, merged, merge):
         missing = [s for s in sources if s not in expected]
         if missing:
             raise ArtifactError(f"the artifact has no tensor {missing[0]}; it is not a dense Qwen3.5 "
@@ -484,6 +494,11 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
                 if rows[1] > e.shape[0] or (fmt == "NVFP4" and (rows[0] % 128 or rows[1] % 128)):
                     raise NotBuiltError(f"{name}: rows {rows[0]}..{rows[1]} of the fused {e.name} {list(e.shape)} "
                                         f"({fmt}) cannot be split off on load; use --device cpu")
+            elif name.endswith(tuple(stack for stack, _ in MERGED_INPUTS.values())):  # a fused tensor as it is
+                want = split_rows(config, name.rsplit("/", 2)[0] + "/" + _second_half(name))[1]
+                if e.shape[0] != want:
+                    raise NotBuiltError(f"{name}: the fused {e.name} has {e.shape[0]} rows, the model's input "
+                                        f"projections need {want}; use --device cpu")
             if gemv_epilogue(name) is not None and fmt not in FORMATS and fmt not in GEMV_FORMATS_EXTRA:
                 raise NotBuiltError(f"the GPU executor has no GEMV kernel for {fmt} weights ({name}) yet; "
                                     "use --device cpu")
@@ -497,7 +512,9 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
                     config.gdn_v_heads, config.gdn_k_dim, config.gdn_v_dim)
     splits = attn_splits(max_context, config.n_kv_heads) if config.attention_layers else 1
     placements_t = tuple(placements)
-    workspace = workspace_buffers(config, kv.pages_per_seq, splits, max_seqs,
-                                  len(merged.intersection(config.attention_layers)))
+    one_matrix = {p.name for p in placements_t}  # attention layers whose input projections are one matrix
+    merged_attention = sum(f"text/layers/{i}/{MERGED_INPUTS['attention'][0]}" in one_matrix
+                           for i in config.attention_layers)
+    workspace = workspace_buffers(config, kv.pages_per_seq, splits, max_seqs, merged_attention)
     return ResidencyPlan(config, placements_t, kv, gdn, workspace, splits, prefill_chunk,
                          prefill_buffers(config, prefill_chunk, placements_t, kv.pages_per_seq), tiling, merge)
