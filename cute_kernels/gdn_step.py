@@ -467,14 +467,6 @@ def _silu(x):
     return x / (cute.math.exp2(x * -LOG2E, fastmath=True) + 1.0)
 
 
-@dsl_user_op
-def _cp_async_16(smem_addr, gmem_addr, *, loc=None, ip=None):
-    """cp.async.cg.shared.global of 16 bytes (through L2, no registers); smem_addr is a shared-window address."""
-    operands = [cutlass.Int32(smem_addr).ir_value(loc=loc, ip=ip), cutlass.Int64(gmem_addr).ir_value(loc=loc, ip=ip)]
-    llvm.inline_asm(None, operands, "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
 class GdnConvStep:
     """GdnConvStepRows with a short dependent chain after the PDL wait.
 
@@ -496,24 +488,9 @@ class GdnConvStep:
     The gated RMSNorm's sum of o^2 over dv: per warp by shuffles, then across warps (smem + a named
     barrier) or the cluster (each warp stores its partial into every CTA's smem, barrier.cluster
     arrive before the state stores, wait after them); every CTA sums the partials in the same order.
-
-    `ab_hidden` > 0 (variants gdn_conv_step_ab*): a[b, j] and b[b, j] are not inputs; the CTA computes
-    them from the un-normed residual row h[b] (hidden <= ab_hidden), the layer's input-norm weight hnw
-    and the a|b projection W_ab [2 Hv, hidden] (rows a then b):
-        hn = bf16(h * rsqrt(mean(h^2) + h_eps) * (1 + hnw))     (rounded as cute_kernels/rmsnorm.py)
-        a  = bf16(W_ab[j] . hn),  b = bf16(W_ab[Hv + j] . hn)    (fp32 accumulation)
-    Compute thread t owns the 16-byte chunks t, t + T, ... (T = 32 * compute warps) of the row. Before
-    the PDL wait it copies its chunks of both W_ab rows and of hnw into shared memory with cp.async
-    (no registers held; each thread later reads back only what it copied, so no barrier); after the
-    wait it loads its chunks of h with x and z. The sum of h^2 and the two dots: warp shuffles, then
-    across the compute warps through smem and named barriers 3 and 4, placed after the q/k conv and
-    after the k^T S / q^T S pass, so both cross-warp steps overlap work that needs neither a nor b.
-    Every CTA of a cluster computes a and b itself (same code, same order: identical gates in every
-    split).
     """
 
-    def __init__(self, splits: int = 4, threads: int = 160, head_k: int = 128, head_v: int = 128, width: int = 4,
-                 ab_hidden: int = 0):
+    def __init__(self, splits: int = 4, threads: int = 160, head_k: int = 128, head_v: int = 128, width: int = 4):
         if head_k != 128 or head_v != 128:
             raise ValueError("head_k and head_v must be 128")
         if splits not in (1, 2, 4, 8):
@@ -532,26 +509,17 @@ class GdnConvStep:
         self.rows = head_k // self.lpc  # rows per lane (8 or 16)
         self.row_offsets = tuple(o for o in (1, 2, 4, 8, 16) if o >= self.cpw)  # lanes of one chunk
         self.col_offsets = tuple(o for o in (1, 2, 4, 8, 16) if o < self.cpw)  # chunks of one warp
-        if ab_hidden < 0 or ab_hidden % VEC:
-            raise ValueError("ab_hidden must be 0 (a, b are inputs) or a positive multiple of 8")
-        self.ab = ab_hidden > 0
-        self.ab_hidden = ab_hidden
-        self.ab_threads = 32 * warps  # the compute threads share the a|b projection
-        self.ab_chunks = -(-ab_hidden // VEC // self.ab_threads)  # 16-byte chunks of the row per thread
-        if 3 * self.ab_chunks * self.ab_threads * 16 > 48 * 1024:
-            raise ValueError("ab_hidden too large: the staged W_ab rows and norm weight exceed 48 KiB of smem")
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mConvState: cute.Tensor, mConvW: cute.Tensor, mZ: cute.Tensor,
                  mA: cute.Tensor, mB: cute.Tensor, mALog: cute.Tensor, mDtBias: cute.Tensor, mNormW: cute.Tensor,
                  mState: cute.Tensor, mSlots: cute.Tensor, mSync: cute.Tensor, mOut: cute.Tensor,
-                 eps: cutlass.Float32, mH: cute.Tensor, mHnw: cute.Tensor, mWab: cute.Tensor,
-                 h_eps: cutlass.Float32 | None, stream: cuda.CUstream):
+                 eps: cutlass.Float32, stream: cuda.CUstream):
         hv = cute.size(mALog, mode=[0])
         b = cute.size(mSlots, mode=[0])
         self.kernel(mX, mConvState, mConvW, mZ, mA, mB, mALog, mDtBias, mNormW, mState, mSlots, mSync, mOut,
-                    eps, mH, mHnw, mWab, h_eps).launch(grid=(self.splits, hv, b), block=(self.threads, 1, 1),
-                                                       cluster=(self.splits, 1, 1), stream=stream)
+                    eps).launch(grid=(self.splits, hv, b), block=(self.threads, 1, 1), cluster=(self.splits, 1, 1),
+                                stream=stream)
 
     def lane_layout(self, split, warp, lane):
         """(rg, cwi, row0, col_chunk) of a compute thread (plain ints or DSL Int32): row group, chunk in
@@ -574,8 +542,7 @@ class GdnConvStep:
     def kernel(self, mX: cute.Tensor, mConvState: cute.Tensor, mConvW: cute.Tensor, mZ: cute.Tensor,
                mA: cute.Tensor, mB: cute.Tensor, mALog: cute.Tensor, mDtBias: cute.Tensor, mNormW: cute.Tensor,
                mState: cute.Tensor, mSlots: cute.Tensor, mSync: cute.Tensor, mOut: cute.Tensor,
-               eps: cutlass.Float32, mH: cute.Tensor, mHnw: cute.Tensor, mWab: cute.Tensor,
-               h_eps: cutlass.Float32 | None):
+               eps: cutlass.Float32):
         tidx, _, _ = cute.arch.thread_idx()
         split, head, seq = cute.arch.block_idx()
         warp = tidx // 32
@@ -596,16 +563,6 @@ class GdnConvStep:
 
         smem = cutlass.memory.SmemAllocator()
         sSsq = smem.allocate_tensor(cutlass.Float32, cute.make_layout((ns * nw,)), byte_alignment=16)
-        if cutlass.const_expr(self.ab):
-            nt, kc = self.ab_threads, self.ab_chunks
-            h_chunks = cute.size(mH, mode=[1]) // VEC
-            # [8, thread, chunk, W_ab row a | W_ab row b | hnw]: one thread's 16-byte slots, contiguous over threads
-            sAb = smem.allocate_tensor(cutlass.BFloat16, cute.make_layout((VEC, nt, kc, 3),
-                                                                          stride=(1, VEC, VEC * nt, VEC * nt * kc)),
-                                       byte_alignment=16)
-            sHss = smem.allocate_tensor(cutlass.Float32, cute.make_layout((nw,)), byte_alignment=16)
-            sDot = smem.allocate_tensor(cutlass.Float32, cute.make_layout((2, nw), stride=(nw, 1)),
-                                        byte_alignment=16)
 
         gS = mState[slot * hv + head, None, None]
         rS = cute.make_rmem_tensor((COLS, rows), cutlass.Float32)
@@ -627,15 +584,6 @@ class GdnConvStep:
                 cute.autovec_copy(cute.zipped_divide(mConvW[t, None], (VEC,))[None, qk_chunk], rWqk[None, t])
                 cute.autovec_copy(cute.zipped_divide(mConvW[t, None], (COLS,))[None, v_chunk], rWv[None, t])
             cute.autovec_copy(cute.zipped_divide(mNormW, (COLS,))[None, col_chunk], rNw)
-            if cutlass.const_expr(self.ab):
-                # This thread's chunks of both W_ab rows and of the input-norm weight, into smem by cp.async.
-                srcs = (cute.zipped_divide(mWab[head, None], (VEC,)),
-                        cute.zipped_divide(mWab[hv + head, None], (VEC,)), cute.zipped_divide(mHnw, (VEC,)))
-                for i in cutlass.range_constexpr(kc):
-                    c = cutlass.min(tidx + i * nt, h_chunks - 1)  # past the row end: re-read, never used
-                    for r in cutlass.range_constexpr(3):
-                        _cp_async_16(sAb[None, tidx, i, r].iterator.toint(), srcs[r][None, c].iterator.toint())
-                cute.arch.cp_async_commit_group()
         else:
             for t in cutlass.range_constexpr(1, taps):
                 cute.autovec_copy(cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk], rTqk[None, t])
@@ -654,24 +602,8 @@ class GdnConvStep:
             cute.autovec_copy(cute.zipped_divide(mX[seq, None], (COLS,))[None, v_chunk], rXv)
             rZ = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
             cute.autovec_copy(cute.zipped_divide(mZ[seq, None], (COLS,))[None, head * (dv // COLS) + col_chunk], rZ)
-            if cutlass.const_expr(self.ab):
-                # This thread's chunks of the residual row and their sum of squares (this warp's part).
-                gH = cute.zipped_divide(mH[seq, None], (VEC,))
-                rH = cute.make_rmem_tensor((VEC, kc), cutlass.BFloat16)
-                for i in cutlass.range_constexpr(kc):
-                    cute.autovec_copy(gH[None, cutlass.min(tidx + i * nt, h_chunks - 1)], rH[None, i])
-                hss = cutlass.Float32(0.0)
-                for i in cutlass.range_constexpr(kc):
-                    h8 = rH[None, i].load().to(cutlass.Float32)
-                    sq = (h8 * h8).reduce(cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0)
-                    if tidx + i * nt < h_chunks:
-                        hss = hss + sq
-                hss = _warp_sum(hss)
-                if lane == 0:
-                    sHss[warp] = hss
-            else:
-                a_in = mA[seq, head].to(cutlass.Float32)
-                b_in = mB[seq, head].to(cutlass.Float32)
+            a_in = mA[seq, head].to(cutlass.Float32)
+            b_in = mB[seq, head].to(cutlass.Float32)
             acc = rXqk.load().to(cutlass.Float32) * rWqk[None, taps].load().to(cutlass.Float32)
             for t in cutlass.range_constexpr(taps):
                 acc = acc + rTqk[None, t].load().to(cutlass.Float32) * rWqk[None, t].load().to(cutlass.Float32)
@@ -702,41 +634,6 @@ class GdnConvStep:
             q_scale = cute.math.rsqrt(qq + L2_EPS, fastmath=False) * (dk ** -0.5)
             k_scale = cute.math.rsqrt(kk + L2_EPS, fastmath=False)
             qk = dot * q_scale * k_scale
-            if cutlass.const_expr(self.ab):
-                # The input RMSNorm scale (every warp sums the partials in the same order), then this
-                # thread's part of both dots over the normed, bf16-rounded row.
-                cute.arch.barrier(barrier_id=3, number_of_threads=32 * nw)
-                h_total = sHss[0]
-                for w in cutlass.range_constexpr(1, nw):
-                    h_total = h_total + sHss[w]
-                h_scale = cute.math.rsqrt(h_total / cutlass.Float32(cute.size(mH, mode=[1])) + h_eps,
-                                          fastmath=False)
-                cute.arch.cp_async_wait_group(0)  # this thread's own W_ab / hnw copies have landed
-                dot_a = cutlass.Float32(0.0)
-                dot_b = cutlass.Float32(0.0)
-                for i in cutlass.range_constexpr(kc):
-                    rWa = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
-                    rWb = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
-                    rHnw = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
-                    cute.autovec_copy(sAb[None, tidx, i, 0], rWa)
-                    cute.autovec_copy(sAb[None, tidx, i, 1], rWb)
-                    cute.autovec_copy(sAb[None, tidx, i, 2], rHnw)
-                    rHn = cute.make_rmem_tensor((VEC,), cutlass.Float32)
-                    rHn.store((rH[None, i].load().to(cutlass.Float32) * h_scale
-                               * (rHnw.load().to(cutlass.Float32) + 1.0)).to(cutlass.BFloat16).to(cutlass.Float32))
-                    pa = dot_a
-                    pb = dot_b
-                    for e in cutlass.range_constexpr(VEC):
-                        pa = pa + rWa[e].to(cutlass.Float32) * rHn[e]
-                        pb = pb + rWb[e].to(cutlass.Float32) * rHn[e]
-                    if tidx + i * nt < h_chunks:
-                        dot_a = pa
-                        dot_b = pb
-                dot_a = _warp_sum(dot_a)
-                dot_b = _warp_sum(dot_b)
-                if lane == 0:
-                    sDot[0, warp] = dot_a
-                    sDot[1, warp] = dot_b
 
             # 3. Raw k^T S and q^T S for this thread's 4 columns over its rows, then over the row groups.
             acc_k = rS[None, 0].load() * rKr[0]
@@ -752,16 +649,6 @@ class GdnConvStep:
             for e in cutlass.range_constexpr(COLS):
                 rAk[e] = _bfly_sum(rAk[e], self.row_offsets)
                 rAq[e] = _bfly_sum(rAq[e], self.row_offsets)
-            if cutlass.const_expr(self.ab):
-                # a and b: the warps' dots summed in the same order everywhere, rounded as the GEMV stores them.
-                cute.arch.barrier(barrier_id=4, number_of_threads=32 * nw)
-                a_in = sDot[0, 0]
-                b_in = sDot[1, 0]
-                for w in cutlass.range_constexpr(1, nw):
-                    a_in = a_in + sDot[0, w]
-                    b_in = b_in + sDot[1, w]
-                a_in = a_in.to(cutlass.BFloat16).to(cutlass.Float32)
-                b_in = b_in.to(cutlass.BFloat16).to(cutlass.Float32)
 
             # 4. Gates, v, u, o and this warp's partial sum of o^2.
             x = a_in + dt_bias

@@ -135,9 +135,7 @@ def test_every_decode_launch_passes_the_launchers(dry):
         # the norms are folded into the GEMVs that read them
         # the input projections: one GEMV of the merged matrix (INFERNO_MERGE_PROJ=1, the default), else two
         inputs = ["gemv_mma"] if ex.plan.merge else ["gemv_mma", "gemv_mma"]
-        # the a|b projection: computed by the GDN step itself (INFERNO_FOLD_AB=1, the default), else a bf16 GEMV
-        ab = [*inputs, "gdn_conv_step_ab"] if ex.ops.folds_ab(c.hidden) else ["gemv_bf16_t1_n", *inputs, "gdn_conv_step"]
-        per_gdn = [*ab, "gemv_mma", "gemv_mma", "gemv_mma"]
+        per_gdn = ["gemv_bf16_t1_n", *inputs, "gdn_conv_step", "gemv_mma", "gemv_mma", "gemv_mma"]
         # attention: the decode kernel with the prep folded in, then the combine (its early-loading variant)
         per_attn = [*inputs, "attn_decode_g", "attn_combine_early", "gemv_mma", "gemv_mma", "gemv_mma"]
         want = ["embedding"]

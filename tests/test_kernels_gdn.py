@@ -1,7 +1,6 @@
-"""CPU: the GDN decode kernels (gdn_conv, gdn_step, the fused gdn_conv_step family, gdn_conv_step_ab*)
-build for sm_90a and sm_120a; manifests, launcher packing (grid, cluster) and checks; the fused step's
-algebra (one pass over S) against the numpy reference; the folded a|b projection's reference and its
-summation order."""
+"""CPU: the GDN decode kernels (gdn_conv, gdn_step, the fused gdn_conv_step family) build for sm_90a
+and sm_120a; manifests, launcher packing (grid, cluster) and checks; the fused step's algebra (one
+pass over S) against the numpy reference."""
 
 import hashlib
 import struct
@@ -12,10 +11,8 @@ import pytest
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import ParamLayout, ParamSpec
-from inferno.kernels.gdn_variants import (AB_HIDDEN, GDN_LAUNCHERS, GDN_VARIANTS, GdnConv, GdnConvStep,
-                                          GdnConvStepAb, GdnStep)
+from inferno.kernels.gdn_variants import GDN_LAUNCHERS, GDN_VARIANTS, GdnConv, GdnConvStep, GdnStep
 from inferno.kernels.manifest import Manifest, grid_symbols, source_hash
-from inferno.kernels.reference import bf16, gdn_ab_projection, rmsnorm
 from inferno.kernels.registry import ARCHS, Tensor
 from inferno.model.reference.gdn import causal_conv, recurrent_delta_rule
 from inferno.model.reference.norms import gated_rms_norm, l2_normalize, sigmoid, silu, softplus
@@ -77,8 +74,7 @@ def test_conv_tap_major_layout_matches_reference():
 # --- the default fused kernel's thread layout (pure index math, no GPU) ---------------------------
 
 
-# the _ab variants share these layouts (same splits and threads as gdn_conv_step, _s4)
-CONV_STEP_CONFIGS = [v.config for v in GDN_VARIANTS if v.cls == "GdnConvStep" and v.op == "gdn_conv_step"]
+CONV_STEP_CONFIGS = [v.config for v in GDN_VARIANTS if v.cls == "GdnConvStep"]
 
 
 @pytest.mark.parametrize("config", CONV_STEP_CONFIGS, ids=lambda c: f"s{c['splits']}t{c['threads']}")
@@ -329,134 +325,3 @@ def test_launchers_refuse_bad_arguments_before_the_driver(built, rec):
     with pytest.raises(LaunchError, match="needs a 'gdn_step' kernel"):
         GdnStep(_fake_loaded(built, "gdn_conv"))
     assert rec.calls == []
-
-
-# --- gdn_conv_step_ab: the a|b projection folded into the fused step -----------------------------
-
-
-AB_FUSED = [v.name for v in GDN_VARIANTS if v.op == "gdn_conv_step_ab"]
-
-
-def residual_rows(rng, nb: int, hidden: int) -> np.ndarray:
-    """bf16 residual-stream rows with a realistic spread: log-normal channel scales and a few outliers."""
-    scale = np.exp(rng.standard_normal(hidden)).astype(np.float32)
-    h = rng.standard_normal((nb, hidden), np.float32) * scale
-    h[:, rng.choice(hidden, 4, replace=False)] *= 40.0
-    return h.astype(bf16)
-
-
-def _kernel_order_ab(h, nw, eps, w_ab, threads):
-    """a|b as gdn_conv_step_ab sums them, in fp32: thread t takes 16-byte chunks t, t + T, ...; warp
-    butterflies; the warps' partials in order. Sum of squares the same way."""
-    hidden = h.shape[-1]
-    chunks = hidden // 8
-    kc = -(-chunks // threads)
-    hf, w = h.astype(np.float32), w_ab.astype(np.float32)
-
-    def reduce(per_chunk):  # [..., chunks] fp32 -> kernel-order total
-        part = np.zeros(per_chunk.shape[:-1] + (threads,), np.float32)
-        for i in range(kc):
-            idx = np.arange(threads) + i * threads
-            ok = idx < chunks
-            part[..., ok] = (part[..., ok] + per_chunk[..., idx[ok]]).astype(np.float32)
-        lanes = part.reshape(part.shape[:-1] + (threads // 32, 32))
-        for off in (1, 2, 4, 8, 16):
-            lanes = (lanes + lanes[..., np.arange(32) ^ off]).astype(np.float32)
-        total = lanes[..., 0, 0]
-        for wp in range(1, threads // 32):
-            total = (total + lanes[..., wp, 0]).astype(np.float32)
-        return total
-
-    sq = (hf * hf).reshape(h.shape[:-1] + (chunks, 8)).sum(-1, dtype=np.float32)
-    scale = np.float32(1.0) / np.sqrt(reduce(sq) / np.float32(hidden) + np.float32(eps), dtype=np.float32)
-    hn = ((hf * scale[..., None]) * (nw.astype(np.float32) + 1.0)).astype(bf16).astype(np.float32)
-    prod = (w[None] * hn[:, None, :]).reshape(h.shape[0], w.shape[0], chunks, 8).sum(-1, dtype=np.float32)
-    return reduce(prod).astype(bf16)
-
-
-@pytest.mark.parametrize("hidden,hv,threads", [(5120, 48, 256), (5120, 48, 128), (2048, 32, 256), (256, 4, 64)])
-def test_ab_projection_reference_and_kernel_order(hidden, hv, threads):
-    """gdn_ab_projection is rmsnorm -> bf16 -> W_ab -> bf16 (a rows, then b rows); the kernel's fp32
-    summation order lands on the same bf16 value for nearly every head and within one bf16 step always."""
-    rng = np.random.default_rng(7)
-    h = residual_rows(rng, 2, hidden)
-    nw = (0.3 * rng.standard_normal(hidden)).astype(bf16)
-    w_ab = (rng.standard_normal((2 * hv, hidden)) / np.sqrt(hidden)).astype(bf16)
-    ref = gdn_ab_projection(h, nw, 1e-6, w_ab)
-    assert ref.dtype == bf16 and ref.shape == (2, 2 * hv)
-    hn = rmsnorm(h, nw, 1e-6).astype(bf16).astype(np.float64)
-    np.testing.assert_array_equal(ref[:, :hv], (hn @ w_ab[:hv].astype(np.float64).T).astype(np.float32).astype(bf16))
-    np.testing.assert_array_equal(ref[:, hv:], (hn @ w_ab[hv:].astype(np.float64).T).astype(np.float32).astype(bf16))
-    got = _kernel_order_ab(h, nw, 1e-6, w_ab, threads)
-    r, g = ref.astype(np.float32), got.astype(np.float32)
-    ulp = np.abs(r) * 2.0**-7 + 1e-30  # one bf16 step at the value's magnitude (upper bound)
-    assert np.all(np.abs(g - r) <= ulp), f"kernel-order a|b off by more than one bf16 step: {np.abs(g - r).max()}"
-    assert np.mean(g == r) >= 0.9, f"only {np.mean(g == r):.2f} of the kernel-order a|b values are identical"
-
-
-@pytest.mark.parametrize("name", AB_FUSED)
-@pytest.mark.parametrize("hk,hv,hidden", [(16, 48, 5120), (16, 32, 2048)])
-def test_conv_step_ab_launcher_packs_grids_and_clusters(built, rec, name, hk, hv, hidden):
-    k = GdnConvStepAb(_fake_loaded(built, name, "sm_90a"))
-    splits, threads = k.config["splits"], k.config["threads"]
-    b, ns, d = 2, 5, 128
-    c, zw = 2 * hk * d + hv * d, hv * d
-    row = c + zw  # one fused projection row: x | z
-    hs = hidden + 64
-    mix = _dev(b * row * 2, 1 << 20)
-    bufs = dict(x=mix, conv_state=_dev(ns * 3 * c * 2, 1 << 24), conv_w=_dev(4 * c * 2, 1 << 25),
-                z=DeviceBuffer(mix.ptr + c * 2, mix.nbytes - c * 2, "z"), h=_dev(b * hs * 2, 1 << 21),
-                h_norm_w=_dev(hidden * 2, 1 << 22), w_ab=_dev(2 * hv * hidden * 2, 1 << 23),
-                a_log=_dev(hv * 4, 1 << 26), dt_bias=_dev(hv * 4, (1 << 26) + 4096), norm_w=_dev(d * 2, 1 << 27),
-                state=_dev(ns * hv * d * d * 4, 1 << 32), slots=_dev(b * 4, 1 << 28), sync=_dev(b * hk * 4, 1 << 29),
-                out=_dev(b * zw * 2, 1 << 30))
-    k(*bufs.values(), b, hk, hv, ns, hidden, 1e-6, 2e-6, x_stride=row, z_stride=row, h_stride=hs)
-    grid, block, params, smem = rec.calls[-1]
-    assert grid == (splits, hv, b) and block == (threads, 1, 1)
-    assert rec.clusters[-1] == ((splits, 1, 1) if splits > 1 else None)
-    nt = threads - 32
-    assert smem >= 3 * -(-AB_HIDDEN // 8 // nt) * nt * 16  # W_ab rows + norm weight staged per thread
-    p = {n: bufs[n].ptr for n in bufs}
-    assert params.raw("x") == struct.pack("<Qiiq", p["x"], b, c, row)
-    assert params.raw("z") == struct.pack("<Qiiq", p["z"], b, zw, row)
-    assert params.raw("h") == struct.pack("<Qiiq", p["h"], b, hidden, hs)
-    assert params.raw("h_norm_w") == struct.pack("<Qii", p["h_norm_w"], hidden, 0)
-    assert params.raw("w_ab") == struct.pack("<Qiiq", p["w_ab"], 2 * hv, hidden, hidden)
-    assert params.raw("state") == struct.pack("<Qii", p["state"], ns * hv, 0)
-    assert params.raw("sync") == struct.pack("<Qii", p["sync"], b * hk, 0)
-    assert params.raw("out") == struct.pack("<Qiiq", p["out"], b, zw, zw)
-    assert struct.unpack("<f", params.raw("eps"))[0] == pytest.approx(1e-6)
-    assert struct.unpack("<f", params.raw("h_eps"))[0] == pytest.approx(2e-6)
-    assert not {"a", "b"} & {q.name for q in k.loaded.manifest.params}
-
-
-def test_conv_step_ab_refuses_bad_arguments(built, rec):
-    k = GdnConvStepAb(_fake_loaded(built, "gdn_conv_step_ab"))
-    big = _dev(64 << 20, 1 << 20)
-    with pytest.raises(LaunchError, match="hidden = 6144 exceeds the 5120 it was built for"):
-        k(*[big] * 14, 1, 16, 48, 1, 6144)
-    with pytest.raises(LaunchError, match="hidden = 5124 must be a multiple of 8"):
-        k(*[big] * 14, 1, 16, 48, 1, 5124)
-    with pytest.raises(LaunchError, match="h_stride 4096 is less than the row width 5120"):
-        k(*[big] * 14, 2, 16, 48, 2, 5120, h_stride=4096)
-    short = DeviceBuffer(1 << 20, 2 * 48 * 5120 * 2 - 2, "w_short")
-    with pytest.raises(LaunchError, match="w_ab 'w_short' has"):
-        k(*[big] * 6, short, *[big] * 7, 1, 16, 48, 1, 5120)
-    with pytest.raises(LaunchError, match="'h_eps' expects f32"):
-        k(*[big] * 14, 1, 16, 48, 1, 5120, 1e-6, "1e-6")
-    with pytest.raises(LaunchError, match="v_heads = 40 must be a multiple of k_heads = 16"):
-        k(*[big] * 14, 1, 16, 40, 1, 5120)
-    with pytest.raises(LaunchError, match="needs a 'gdn_conv_step_ab' kernel"):
-        GdnConvStepAb(_fake_loaded(built, "gdn_conv_step"))
-    assert rec.calls == []
-
-
-def test_conv_step_ab_config_checks():
-    gdn_step = pytest.importorskip("cute_kernels.gdn_step", reason="CuTe DSL not installed")
-    k = gdn_step.GdnConvStep(splits=1, threads=288, ab_hidden=5120)
-    assert k.ab and k.ab_threads == 256 and k.ab_chunks == 3  # 640 chunks over 256 compute threads
-    assert not gdn_step.GdnConvStep(splits=1, threads=288).ab
-    with pytest.raises(ValueError, match="multiple of 8"):
-        gdn_step.GdnConvStep(splits=1, threads=288, ab_hidden=5124)
-    with pytest.raises(ValueError, match="48 KiB"):
-        gdn_step.GdnConvStep(splits=1, threads=288, ab_hidden=12288)

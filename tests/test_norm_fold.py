@@ -1,12 +1,11 @@
-"""The RMSNorms folded into the decode GEMVs (`Ops.folds_norm`, the `_n` kernels) and the GDN a|b
-projection folded into the GDN step (`Ops.folds_ab`) on the emulated GPU executor: the same logits
-bit for bit as separate launches, one launch fewer per fold."""
+"""The RMSNorms folded into the decode GEMVs (`Ops.folds_norm`, the `_n` kernels) on the emulated
+GPU executor: the same logits bit for bit as separate norm launches, one launch fewer per folded norm."""
 
 import numpy as np
 import pytest
 
 from inferno.model.gpu.executor import GpuExecutor
-from inferno.model.gpu.ops import FOLD_AB_ENV, FOLD_NORM_ENV
+from inferno.model.gpu.ops import FOLD_NORM_ENV
 from model_fixtures import tiny_groupwise_artifact
 
 
@@ -59,33 +58,3 @@ def test_folded_norms_match_separate_norms(artifact):
         separate.release(ss)
         folded.close()
         separate.close()
-
-
-def test_gdn_step_computing_a_b_matches_the_a_b_gemv(artifact):
-    """`Ops.folds_ab`: the fused GDN step computes a|b from the residual row itself, with and without the
-    norms folded into the GEMVs: same logits bit for bit as the bf16 a|b GEMV, one launch fewer per GDN layer."""
-    for fold_norm in ("1", "0"):
-        exes = []
-        for fold_ab in ("1", "0"):
-            with pytest.MonkeyPatch.context() as mp:
-                mp.setenv(FOLD_NORM_ENV, fold_norm)
-                mp.setenv(FOLD_AB_ENV, fold_ab)
-                exes.append(GpuExecutor(artifact, emulate=True, max_seqs=1, max_context=128, progress=False,
-                                        prefill_chunk=64))
-        folded, separate = exes
-        assert folded.ops.folds_ab(folded.config.hidden) and not separate.ops.folds_ab(separate.config.hidden)
-        c = folded.config
-        tokens = [(7 + 3 * i) % c.vocab for i in range(20)]
-        sf, ss = folded.new_state(), separate.new_state()
-        try:
-            lf, ls = folded.prefill(tokens, sf), separate.prefill(tokens, ss)
-            for step in range(3):
-                np.testing.assert_array_equal(lf, ls, err_msg=f"fold_norm {fold_norm}, step {step} (0 = prefill)")
-                t = int(ls.argmax())
-                (lf, nf, _), (ls, ns, _) = _step(folded, t, sf), _step(separate, t, ss)
-            np.testing.assert_array_equal(lf, ls)
-            assert ns - nf == len(c.gdn_layers) > 0
-        finally:
-            for ex, st in ((folded, sf), (separate, ss)):
-                ex.release(st)
-                ex.close()

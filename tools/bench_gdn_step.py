@@ -1,26 +1,18 @@
-"""GDN decode step benchmark at the 27B shape (Hk 16, Hv 48, dk = dv = 128, hidden 5120).
+"""GDN decode step benchmark at the 27B shape (Hk 16, Hv 48, dk = dv = 128), against the device copy
+bandwidth of the same run.
 
-Rates are set against the device copy bandwidth of the same run.
-
-    python tools/bench_gdn_step.py [--batch 1 4] [--layers 48] [--reps 20] [--no-pdl] [--ab-only]
-                                   [--out bench_gdn_step.json]
+    python tools/bench_gdn_step.py [--batch 1 4] [--layers 48] [--reps 20] [--no-pdl] [--out bench_gdn_step.json]
 
 Cases: `old` = gdn_conv + gdn_step (two launches per layer), `gdn_step` alone, and every fused
 `gdn_conv_step*` variant (one launch per layer; `gdn_conv_step` is the default the executor runs,
-`gdn_conv_step_v1` the first fused kernel, for A/B). The a|b fold: `pair_ab` = today's
-gemv_bf16_t1_n (a|b of the RMS-normed residual row, W_ab [96, 5120] per layer) then gdn_conv_step,
-against each `gdn_conv_step_ab*` variant (one launch per layer, a|b computed inside); the pair
-runs at batch 1 only (the folded-norm GEMV takes one row), in series here (the executor puts the
-GEMV on a side branch beside the value_z GEMV, where it costs a fork/join and SMs instead of time
-on the critical path). `--ab-only` runs just those. The fused kernels and the bf16 GEMV are launched
-with PDL as in the executor (each one starts while its predecessor drains; `--no-pdl` serialises
-them); gdn_conv and gdn_step do not use PDL. Each case captures `layers` back-to-back layer launches into a CUDA
+`gdn_conv_step_v1` the first fused kernel, for A/B). The fused kernels are launched with PDL as in
+the executor (each one starts while its predecessor drains; `--no-pdl` serialises them); gdn_conv
+and gdn_step do not use PDL. Each case captures `layers` back-to-back layer launches into a CUDA
 graph, every layer with its own fp32 state (3 MiB per sequence), conv window and conv weights, so
 no layer finds its state in L2 (48 x 3 MiB > the 50 MiB L2), as in decode. Time = median over
 replays of (graph time / layers), between events. Bytes per layer = state read + written + the
-conv window, activations and conv weights (+ the W_ab rows, norm weight and residual row for the
-a|b cases); "% copy" divides that rate by a 1 GiB device-to-device copy (bytes read + written)
-timed in the same run. The a|b comparison is printed last as its own short table.
+conv window, activations and conv weights; "% copy" divides that rate by a 1 GiB device-to-device
+copy (bytes read + written) timed in the same run.
 Cubins come from $INFERNO_KERNEL_DIR (inferno kernels build --arch sm_90a --out DIR).
 """
 
@@ -41,11 +33,10 @@ from inferno.cuda.device import Device  # noqa: E402
 from inferno.cuda.graph import Graph  # noqa: E402
 from inferno.cuda.memory import device_alloc  # noqa: E402
 from inferno.cuda.stream import Event, Stream  # noqa: E402
-from inferno.kernels.gdn_variants import GDN_VARIANTS, GdnConv, GdnConvStep, GdnConvStepAb, GdnStep  # noqa: E402
-from inferno.kernels.gemv_bf16_variants import GemvBf16  # noqa: E402
+from inferno.kernels.gdn_variants import GDN_VARIANTS, GdnConv, GdnConvStep, GdnStep  # noqa: E402
 from inferno.kernels.reference import bf16  # noqa: E402
 
-HK, HV, D, K, HIDDEN = 16, 48, 128, 4, 5120
+HK, HV, D, K = 16, 48, 128, 4
 C, ZW = 2 * HK * D + HV * D, HV * D
 ROW = C + ZW + 2 * HV  # one fused projection row: x | z | a | b (the executor's mix_in layout differs; same bytes)
 
@@ -103,15 +94,6 @@ class Layers:
                        for i in range(layers)]
         self.conv_st = [up(np.zeros((nb, K - 1, C), bf16), f"conv_state{i}") for i in range(layers)]
         self.state = [up(0.05 * rng.standard_normal((nb, HV, D, D), np.float32), f"state{i}") for i in range(layers)]
-        # The a|b projection: the residual row (log-normal channel scales), per-layer norm weight and W_ab.
-        scale = np.exp(rng.standard_normal(HIDDEN)).astype(np.float32)
-        self.h = up((rng.standard_normal((nb, HIDDEN), np.float32) * scale).astype(bf16), "h")
-        self.ab = up(np.zeros((nb, 2 * HV), bf16), "ab")
-        self.ab_b = self.ab.view(HV * 2, self.ab.nbytes - HV * 2, "ab_b")
-        self.h_nw = [up((0.3 * rng.standard_normal(HIDDEN, np.float32)).astype(bf16), f"h_nw{i}")
-                     for i in range(layers)]
-        self.w_ab = [up((rng.standard_normal((2 * HV, HIDDEN), np.float32) / np.sqrt(HIDDEN)).astype(bf16),
-                        f"w_ab{i}") for i in range(layers)]
 
     def _up(self, host: np.ndarray, name: str):
         buf = device_alloc(host.nbytes, name)
@@ -119,52 +101,35 @@ class Layers:
         self.bufs.append(buf)
         return buf
 
-    def bytes_per_layer(self, kind: str) -> int:
+    def bytes_per_layer(self, fused: bool) -> int:
         nb = self.nb
         state = 2 * nb * HV * D * D * 4
         conv = nb * (C + 2 * (K - 1) * C) * 2 + K * C * 2  # x, window read + written, weights
         rest = nb * (2 * ZW + 2 * HV) * 2  # z, out, a, b
-        ab = (2 * HV + 1) * HIDDEN * 2 + nb * HIDDEN * 2 if kind in ("pair_ab", "fused_ab") else 0  # W_ab, nw, h
-        return state + conv + rest + ab + (2 * nb * C * 2 if kind in ("old", "gdn_step") else 0)  # unfused: qkv
+        return state + conv + rest + (0 if fused else 2 * nb * C * 2)  # the unfused path writes + reads qkv
 
     def free(self) -> None:
         for b in self.bufs:
             b.free()
 
 
-def kind_of(name: str) -> str:
-    """old | gdn_step | fused (gdn_conv_step*) | pair_ab (a|b GEMV + gdn_conv_step) | fused_ab (gdn_conv_step_ab*)."""
-    if name in ("old", "gdn_step", "pair_ab"):
-        return name
-    return "fused_ab" if name.startswith("gdn_conv_step_ab") else "fused"
-
-
 def run_case(name: str, layers: Layers, n: int, stream: Stream, reps: int, launchers: dict) -> float:
     """Microseconds per layer of `n` back-to-back layers, graph-replayed."""
-    L, nb, kind = layers, layers.nb, kind_of(name)
+    L, nb = layers, layers.nb
     strides = dict(a_stride=ROW, b_stride=ROW)
     g = Graph.capture(stream)
     with g:
         for i in range(n):
-            if kind == "old":
+            if name == "old":
                 launchers["gdn_conv"](L.x, L.conv_st[i], L.conv_w[i], L.slots, L.qkv, nb, C, nb, x_stride=ROW,
                                       stream=stream)
-            if kind in ("old", "gdn_step"):
+            if name in ("old", "gdn_step"):
                 launchers["gdn_step"](L.qkv, L.z, L.a, L.b, L.a_log, L.dt_bias, L.norm_w, L.state[i], L.slots, L.out,
                                       nb, HK, HV, nb, 1e-6, z_stride=ROW, stream=stream, **strides)
-            if kind == "fused":
+            if name not in ("old", "gdn_step"):
                 launchers[name](L.x, L.conv_st[i], L.conv_w[i], L.z, L.a, L.b, L.a_log, L.dt_bias, L.norm_w,
                                 L.state[i], L.slots, L.sync, L.out, nb, HK, HV, nb, 1e-6, x_stride=ROW, z_stride=ROW,
                                 stream=stream, **strides)
-            if kind == "pair_ab":
-                launchers["gemv_ab"](L.w_ab[i], L.h, L.ab, 2 * HV, HIDDEN, 1, norm=(L.h_nw[i], 1e-6), stream=stream)
-                launchers["gdn_conv_step"](L.x, L.conv_st[i], L.conv_w[i], L.z, L.ab, L.ab_b, L.a_log, L.dt_bias,
-                                           L.norm_w, L.state[i], L.slots, L.sync, L.out, nb, HK, HV, nb, 1e-6,
-                                           x_stride=ROW, z_stride=ROW, a_stride=2 * HV, b_stride=2 * HV, stream=stream)
-            if kind == "fused_ab":
-                launchers[name](L.x, L.conv_st[i], L.conv_w[i], L.z, L.h, L.h_nw[i], L.w_ab[i], L.a_log, L.dt_bias,
-                                L.norm_w, L.state[i], L.slots, L.sync, L.out, nb, HK, HV, nb, HIDDEN, 1e-6, 1e-6,
-                                x_stride=ROW, z_stride=ROW, stream=stream)
     ge = g.instantiate()
     try:
         ms = timed(lambda: ge.launch(stream), stream, reps)
@@ -174,24 +139,9 @@ def run_case(name: str, layers: Layers, n: int, stream: Stream, reps: int, launc
     out = from_device(L.out, bf16, (nb, ZW)).astype(np.float32)
     if not np.all(np.isfinite(out)):
         raise SystemExit(f"{name}: non-finite outputs")
-    if kind not in ("old", "gdn_step") and np.any(from_device(L.sync, np.int32, (nb * HK,))):
+    if name not in ("old", "gdn_step") and np.any(from_device(L.sync, np.int32, (nb * HK,))):
         raise SystemExit(f"{name}: sync counters not back to zero")
     return ms * 1e3 / n
-
-
-def print_ab_table(rows: list[dict]) -> None:
-    """The a|b fold at a glance: per batch, today's pair (a|b GEMV + gdn_conv_step) and the plain
-    gdn_conv_step (a, b given) against each gdn_conv_step_ab* variant."""
-    ab_rows = [r for r in rows if kind_of(r["case"]) in ("pair_ab", "fused_ab") or r["case"] == "gdn_conv_step"]
-    if not any(kind_of(r["case"]) == "fused_ab" for r in ab_rows):
-        return
-    print()
-    print("| batch | case | us / layer | us / 48 layers | vs pair_ab |")
-    print("|---|---|---|---|---|")
-    for r in ab_rows:
-        pair = next((p["us_per_layer"] for p in rows if p["batch"] == r["batch"] and p["case"] == "pair_ab"), None)
-        delta = f"{r['us_per_layer'] - pair:+.2f} us" if pair else ""
-        print(f"| {r['batch']} | `{r['case']}` | {r['us_per_layer']:.2f} | {r['us_per_step_48']:.0f} | {delta} |")
 
 
 def main() -> None:
@@ -200,7 +150,6 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-pdl", action="store_true", help="launch the fused kernels without PDL")
-    ap.add_argument("--ab-only", action="store_true", help="only the a|b cases: pair_ab vs gdn_conv_step_ab*")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -208,18 +157,12 @@ def main() -> None:
     stream = Stream.create()
     stream.pdl = not args.no_pdl  # only PDL-capable kernels (the fused ones) launch early
     fused = [v.name for v in GDN_VARIANTS if v.op == "gdn_conv_step"]
-    fused_ab = [v.name for v in GDN_VARIANTS if v.op == "gdn_conv_step_ab"]
-    launchers: dict = {"gdn_conv": GdnConv.for_device(device), "gdn_step": GdnStep.for_device(device),
-                       "gdn_conv_step": GdnConvStep.for_device(device, "gdn_conv_step")}
-    for name, cls in [(f, GdnConvStep) for f in fused] + [(f, GdnConvStepAb) for f in fused_ab]:
+    launchers: dict = {"gdn_conv": GdnConv.for_device(device), "gdn_step": GdnStep.for_device(device)}
+    for name in fused:
         try:
-            launchers[name] = cls.for_device(device, name)
+            launchers[name] = GdnConvStep.for_device(device, name)
         except Exception as e:  # a variant missing from the kernel dir is reported, not fatal
             log(f"skip {name}: {e}")
-    try:
-        launchers["gemv_ab"] = GemvBf16.load(1, device, norm=True)
-    except Exception as e:
-        log(f"skip pair_ab (gemv_bf16_t1_n): {e}")
     copy = copy_bandwidth(stream)
     log(f"copy bandwidth {copy:.0f} GB/s; fused kernels {'without' if args.no_pdl else 'with'} PDL")
     rng = np.random.default_rng(0)
@@ -228,15 +171,13 @@ def main() -> None:
         layers = Layers(nb, args.layers, rng)
         try:
             base = None
-            cases = ["gdn_conv_step"] if args.ab_only else ["old", "gdn_step", *fused]
-            cases += (["pair_ab"] if nb == 1 and "gemv_ab" in launchers else []) + fused_ab
-            for name in [c for c in cases if c in launchers or c in ("old", "gdn_step", "pair_ab")]:
+            for name in ["old", "gdn_step", *[f for f in fused if f in launchers]]:
                 try:
                     us = run_case(name, layers, args.layers, stream, args.reps, launchers)
                 except Exception as e:
                     log(f"B={nb} {name}: failed: {e}")
                     continue
-                nbytes = layers.bytes_per_layer(kind_of(name))
+                nbytes = layers.bytes_per_layer(name not in ("old", "gdn_step"))
                 gbs = nbytes / us / 1e3
                 base = us if name == "old" else base
                 row = dict(batch=nb, case=name, us_per_layer=round(us, 3), us_per_step_48=round(48 * us, 1),
@@ -252,7 +193,6 @@ def main() -> None:
     for r in rows:
         print(f"| {r['batch']} | `{r['case']}` | {r['us_per_layer']:.2f} | {r['us_per_step_48']:.0f} | {r['gb_s']:.0f} "
               f"| {r['pct_copy']:.1f} | {r['vs_old'] or ''} |")
-    print_ab_table(rows)
     if args.out:
         args.out.write_text(json.dumps(dict(copy_gb_s=round(copy, 1), pdl=not args.no_pdl, rows=rows), indent=1))
     stream.close()

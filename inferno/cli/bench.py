@@ -169,8 +169,7 @@ def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool, model: tup
     dev = {"kind": "cuda", "name": gpu.name, "arch": gpu.arch, "executor": "gpu",
            "cuda_graph": getattr(executor, "cuda_graph", None), "tiling": tiling_mode(),
            "pdl": os.environ.get("INFERNO_PDL", "1") != "0", "branches": os.environ.get("INFERNO_BRANCHES", "1") != "0",
-           "fold_norm": os.environ.get("INFERNO_FOLD_NORM", "1") != "0", "merge_proj": merge_mode(),
-           "fold_ab": os.environ.get("INFERNO_FOLD_AB", "1") != "0"}
+           "fold_norm": os.environ.get("INFERNO_FOLD_NORM", "1") != "0", "merge_proj": merge_mode()}
     return _Loaded(executor, limits, states, dev, settings, skipped, step_spans)
 
 
@@ -189,8 +188,7 @@ def _given(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-AB_SWITCHES = ("INFERNO_TILED", "INFERNO_PDL", "INFERNO_BRANCHES", "INFERNO_FOLD_NORM", "INFERNO_MERGE_PROJ",
-               "INFERNO_FOLD_AB")  # environment A/B switches the command records
+AB_SWITCHES = ("INFERNO_TILED", "INFERNO_PDL", "INFERNO_BRANCHES", "INFERNO_FOLD_NORM", "INFERNO_MERGE_PROJ")  # environment A/B switches the command records
 
 
 def _command(target, device, s, json_out, kernel_table, no_cuda_graph) -> str:
@@ -229,8 +227,7 @@ def bench(
     GPU A/B switches (environment): INFERNO_TILED=head|all (groupwise-int matrices in tile16-v1 for
     the tensor-core GEMV: the output head only, or every decode matrix), INFERNO_PDL=0,
     INFERNO_BRANCHES=0, INFERNO_FOLD_NORM=0 (a separate RMSNorm launch before the GEMVs that read it),
-    INFERNO_MERGE_PROJ=0 (a layer's input projections as two GEMVs), INFERNO_FOLD_AB=0 (the GDN a|b
-    projection as its own GEMV, not computed by the GDN step).
+    INFERNO_MERGE_PROJ=0 (a layer's input projections as two GEMVs).
     """
     if device not in DEVICES:
         raise UsageError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")

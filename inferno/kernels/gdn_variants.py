@@ -4,11 +4,8 @@
   gdn_conv         causal depthwise conv1d (kernel 4) update + SiLU with the conv-state shift
   gdn_step         gates + q/k l2norm + gated delta-rule step on the fp32 state + gated RMSNorm
   gdn_conv_step*   both in one launch, dv split over a cluster of `splits` CTAs per head
-                   (gdn_conv_step: splits 1; _s4, _s2, _s8 the alternatives for benchmarks;
+                   (gdn_conv_step: splits 4; _s1, _s2, _s8 the alternatives for benchmarks;
                    _v1: the first fused kernel, GdnConvStepRows, kept for A/B)
-  gdn_conv_step_ab gdn_conv_step that also computes a, b itself: the input RMSNorm of the residual
-                   row and the a|b projection (W_ab [2 Hv, hidden] bf16) folded in, so the decode
-                   step needs no a|b GEMV launch (_ab: splits 1 like gdn_conv_step; _ab_s4 for A/B)
 
 Device layouts (docs/kernels-gdn.md): conv state [slots, K-1, conv_dim] bf16 tap-major (oldest
 first), conv weight [K, conv_dim] bf16 tap-major, recurrent state [slots, Hv, dk, dv] fp32;
@@ -42,30 +39,17 @@ HEAD_DIM = 128  # dk = dv for every Qwen3.5 GDN layer
 STEP_WARPS = 8
 
 
-AB_HIDDEN = 5120  # the largest hidden size the gdn_conv_step_ab variants take (27B; 35B-A3B: 2048)
-
-
-def _conv_step(name: str, splits: int, threads: int, cls: str = "GdnConvStep", ab_hidden: int = 0) -> Variant:
-    """The fused conv + step kernel with dv split over `splits` CTAs (one cluster) per head; with
-    `ab_hidden` it computes a, b from the residual row (op gdn_conv_step_ab) instead of reading them."""
-    config = dict(splits=splits, threads=threads, head_k=HEAD_DIM, head_v=HEAD_DIM, width=CONV_WIDTH)
-    if ab_hidden:
-        config["ab_hidden"] = ab_hidden
-        a_b = (None, None)
-        ab_args = (Tensor("h", "bf16", ("B", "H"), ("h_stride", 1)), Tensor("h_norm_w", "bf16", ("H",), (1,)),
-                   Tensor("w_ab", "bf16", ("AB", "H"), ("w_ab_stride", 1)), Scalar("h_eps", "f32"))
-    else:
-        a_b = (Tensor("a", "bf16", ("B", "Hv"), ("a_stride", 1), align=2),
-               Tensor("b", "bf16", ("B", "Hv"), ("b_stride", 1), align=2))
-        ab_args = (None, None, None, None) if cls == "GdnConvStep" else ()  # GdnConvStep's unused a|b inputs
+def _conv_step(name: str, splits: int, threads: int, cls: str = "GdnConvStep") -> Variant:
+    """The fused conv + step kernel with dv split over `splits` CTAs (one cluster) per head."""
     return Variant(
-        name=name, op="gdn_conv_step_ab" if ab_hidden else "gdn_conv_step", source="cute_kernels.gdn_step", cls=cls,
-        config=config,
+        name=name, op="gdn_conv_step", source="cute_kernels.gdn_step", cls=cls,
+        config=dict(splits=splits, threads=threads, head_k=HEAD_DIM, head_v=HEAD_DIM, width=CONV_WIDTH),
         args=(Tensor("x", "bf16", ("B", "C"), ("x_stride", 1)),
               Tensor("conv_state", "bf16", ("NS", CONV_WIDTH - 1, "C"), ("st_slot_stride", "st_tap_stride", 1)),
               Tensor("conv_w", "bf16", (CONV_WIDTH, "C"), ("w_stride", 1)),
               Tensor("z", "bf16", ("B", "Z"), ("z_stride", 1)),
-              *a_b,
+              Tensor("a", "bf16", ("B", "Hv"), ("a_stride", 1), align=2),
+              Tensor("b", "bf16", ("B", "Hv"), ("b_stride", 1), align=2),
               Tensor("a_log", "f32", ("Hv",), (1,), align=4),
               Tensor("dt_bias", "f32", ("Hv",), (1,), align=4),
               Tensor("norm_w", "bf16", (HEAD_DIM,), (1,)),
@@ -73,15 +57,12 @@ def _conv_step(name: str, splits: int, threads: int, cls: str = "GdnConvStep", a
               Tensor("slots", "i32", ("B",), (1,), align=4),
               Tensor("sync", "i32", ("SB",), (1,), align=4),
               Tensor("out", "bf16", ("B", "Z"), ("out_stride", 1)),
-              Scalar("eps", "f32"),
-              *ab_args),
+              Scalar("eps", "f32")),
         grid=(str(splits), "Hv", "B"),
         divisibility={"C": 8, "Z": 8, "x_stride": 8, "st_slot_stride": 8, "st_tap_stride": 8, "w_stride": 8,
-                      "z_stride": 8, "out_stride": 8,
-                      **({"H": 8, "h_stride": 8, "w_ab_stride": 8} if ab_hidden else {})},
+                      "z_stride": 8, "out_stride": 8},
         pdl=True,
-        summary=(f"GDN decode conv1d + SiLU + step + gated RMSNorm in one launch, dv over {splits} CTA(s) per head"
-                 + (", a|b projection of the RMS-normed residual row folded in" if ab_hidden else "")),
+        summary=f"GDN decode conv1d + SiLU + step + gated RMSNorm in one launch, dv over {splits} CTA(s) per head",
     )
 
 
@@ -122,8 +103,6 @@ GDN_VARIANTS: tuple[Variant, ...] = (
     _conv_step("gdn_conv_step_s2", 2, 288),
     _conv_step("gdn_conv_step_s8", 8, 96),
     _conv_step("gdn_conv_step_v1", 4, 128, "GdnConvStepRows"),
-    _conv_step("gdn_conv_step_ab", 1, 288, ab_hidden=AB_HIDDEN),  # the same split as gdn_conv_step
-    _conv_step("gdn_conv_step_ab_s4", 4, 160, ab_hidden=AB_HIDDEN),
 )
 
 
@@ -252,50 +231,7 @@ class GdnStep(_GdnLauncher):
         self._launch(ptrs, {"eps": eps}, symbols, stream)
 
 
-class _ConvStepLauncher(_GdnLauncher):
-    """The argument checks and launch the fused conv + step launchers share."""
-
-    def _common(self, x, conv_state, conv_w, z, a_log, dt_bias, norm_w, state, slots, sync, out, batch, k_heads,
-                v_heads, n_slots, x_stride, z_stride, out_stride) -> tuple[int, int, int, dict, dict]:
-        """(batch, Hk, Hv, pointers, symbols) of the arguments both fused launchers take, checked."""
-        batch = _int(batch, "batch", self.name)
-        hk = _int(k_heads, "k_heads", self.name)
-        hv = _int(v_heads, "v_heads", self.name)
-        n_slots = _int(n_slots, "n_slots", self.name)
-        dk, dv, width = (self.config[k] for k in ("head_k", "head_v", "width"))
-        if hv % hk:
-            raise LaunchError(f"kernel {self.name}: v_heads = {hv} must be a multiple of k_heads = {hk}")
-        if batch > 65535:
-            raise LaunchError(f"kernel {self.name}: batch = {batch} exceeds 65535; split the call")
-        c, zw = 2 * hk * dk + hv * dv, hv * dv
-        xs = self._stride(x_stride, c, c, "x_stride", "x_stride")
-        zs = self._stride(z_stride, zw, zw, "z_stride", "z_stride")
-        os_ = self._stride(out_stride, zw, zw, "out_stride", "out_stride")
-        ptrs = {
-            "x": _buf(x, "x", self.name, ((batch - 1) * xs + c) * BF16),
-            "conv_state": _buf(conv_state, "conv_state", self.name, n_slots * (width - 1) * c * BF16),
-            "conv_w": _buf(conv_w, "conv_w", self.name, width * c * BF16),
-            "z": _buf(z, "z", self.name, ((batch - 1) * zs + zw) * BF16),
-            "a_log": _buf(a_log, "a_log", self.name, hv * F32, align=4),
-            "dt_bias": _buf(dt_bias, "dt_bias", self.name, hv * F32, align=4),
-            "norm_w": _buf(norm_w, "norm_w", self.name, dv * BF16),
-            "state": _buf(state, "state", self.name, n_slots * hv * dk * dv * F32),
-            "slots": _buf(slots, "slots", self.name, batch * I32, align=4),
-            "sync": _buf(sync, "sync", self.name, batch * hk * I32, align=4),
-            "out": _buf(out, "out", self.name, ((batch - 1) * os_ + zw) * BF16),
-        }
-        symbols = {"B": batch, "C": c, "NS": n_slots, "x_stride": xs, "st_slot_stride": (width - 1) * c,
-                   "st_tap_stride": c, "w_stride": c, "Z": zw, "z_stride": zs, "Hv": hv, "SH": n_slots * hv,
-                   "SB": batch * hk, "out_stride": os_}
-        return batch, hk, hv, ptrs, symbols
-
-    def _fused_launch(self, ptrs: dict[str, int], scalars: dict[str, float], symbols: dict[str, int],
-                      stream: Any) -> None:
-        splits = self.config["splits"]
-        self._launch(ptrs, scalars, symbols, stream, cluster=(splits, 1, 1) if splits > 1 else None)
-
-
-class GdnConvStep(_ConvStepLauncher):
+class GdnConvStep(_GdnLauncher):
     """gdn_conv and gdn_step in one launch: reads the raw conv input, shifts the conv window of each
     sequence's slot, updates the fp32 state in place and writes the gated-RMSNorm output."""
 
@@ -312,48 +248,41 @@ class GdnConvStep(_ConvStepLauncher):
         norm_w [dv] bf16; state [n_slots, Hv, dk, dv] fp32; slots [batch] int32 (distinct, in
         [0, n_slots)); sync: int32 [>= batch * k_heads], zero before the first call (the kernel leaves
         it zero). Strides are row strides in elements."""
-        batch, hk, hv, ptrs, symbols = self._common(x, conv_state, conv_w, z, a_log, dt_bias, norm_w, state, slots,
-                                                    sync, out, batch, k_heads, v_heads, n_slots, x_stride, z_stride,
-                                                    out_stride)
+        batch = _int(batch, "batch", self.name)
+        hk = _int(k_heads, "k_heads", self.name)
+        hv = _int(v_heads, "v_heads", self.name)
+        n_slots = _int(n_slots, "n_slots", self.name)
+        dk, dv, width, splits = (self.config[k] for k in ("head_k", "head_v", "width", "splits"))
+        if hv % hk:
+            raise LaunchError(f"kernel {self.name}: v_heads = {hv} must be a multiple of k_heads = {hk}")
+        if batch > 65535:
+            raise LaunchError(f"kernel {self.name}: batch = {batch} exceeds 65535; split the call")
+        c, zw = 2 * hk * dk + hv * dv, hv * dv
+        xs = self._stride(x_stride, c, c, "x_stride", "x_stride")
+        zs = self._stride(z_stride, zw, zw, "z_stride", "z_stride")
+        os_ = self._stride(out_stride, zw, zw, "out_stride", "out_stride")
         as_ = self._stride(a_stride, hv, hv, "a_stride", "a_stride")
         bs = self._stride(b_stride, hv, hv, "b_stride", "b_stride")
-        ptrs["a"] = _buf(a, "a", self.name, ((batch - 1) * as_ + hv) * BF16, align=2)
-        ptrs["b"] = _buf(b, "b", self.name, ((batch - 1) * bs + hv) * BF16, align=2)
-        symbols.update(a_stride=as_, b_stride=bs)
-        self._fused_launch(ptrs, {"eps": eps}, symbols, stream)
-
-class GdnConvStepAb(_ConvStepLauncher):
-    """gdn_conv_step with a, b computed in the kernel: a|b = bf16(W_ab . bf16(rmsnorm(h, h_norm_w, h_eps)))
-    from the un-normed residual row h, so no a|b GEMV runs before it."""
-
-    op = "gdn_conv_step_ab"
-
-    def __call__(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, z: DeviceBuffer,
-                 h: DeviceBuffer, h_norm_w: DeviceBuffer, w_ab: DeviceBuffer, a_log: DeviceBuffer,
-                 dt_bias: DeviceBuffer, norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer,
-                 sync: DeviceBuffer, out: DeviceBuffer, batch: int, k_heads: int, v_heads: int, n_slots: int,
-                 hidden: int, eps: float = 1e-6, h_eps: float = 1e-6, *, x_stride: int | None = None,
-                 z_stride: int | None = None, h_stride: int | None = None, out_stride: int | None = None,
-                 stream: Any = None) -> None:
-        """As GdnConvStep, with a, b replaced by: h [batch, hidden] bf16 (the residual stream before the
-        layer's input norm, row stride h_stride), h_norm_w [hidden] bf16 (the input norm's zero-centred
-        weight), w_ab [2 * v_heads, hidden] bf16 compact (rows a then b); h_eps the input norm's eps,
-        eps the gated RMSNorm's."""
-        batch, hk, hv, ptrs, symbols = self._common(x, conv_state, conv_w, z, a_log, dt_bias, norm_w, state, slots,
-                                                    sync, out, batch, k_heads, v_heads, n_slots, x_stride, z_stride,
-                                                    out_stride)
-        k = _int(hidden, "hidden", self.name)
-        self._divisible("hidden", k, "H")
-        if k > self.config["ab_hidden"]:
-            raise LaunchError(f"kernel {self.name}: hidden = {k} exceeds the {self.config['ab_hidden']} it was built "
-                              f"for; build a variant with a larger ab_hidden or use gdn_conv_step + the a|b GEMV")
-        hs = self._stride(h_stride, k, k, "h_stride", "h_stride")
-        ptrs["h"] = _buf(h, "h", self.name, ((batch - 1) * hs + k) * BF16)
-        ptrs["h_norm_w"] = _buf(h_norm_w, "h_norm_w", self.name, k * BF16)
-        ptrs["w_ab"] = _buf(w_ab, "w_ab", self.name, 2 * hv * k * BF16)
-        symbols.update(H=k, h_stride=hs, AB=2 * hv, w_ab_stride=k)
-        self._fused_launch(ptrs, {"eps": eps, "h_eps": h_eps}, symbols, stream)
+        ptrs = {
+            "x": _buf(x, "x", self.name, ((batch - 1) * xs + c) * BF16),
+            "conv_state": _buf(conv_state, "conv_state", self.name, n_slots * (width - 1) * c * BF16),
+            "conv_w": _buf(conv_w, "conv_w", self.name, width * c * BF16),
+            "z": _buf(z, "z", self.name, ((batch - 1) * zs + zw) * BF16),
+            "a": _buf(a, "a", self.name, ((batch - 1) * as_ + hv) * BF16, align=2),
+            "b": _buf(b, "b", self.name, ((batch - 1) * bs + hv) * BF16, align=2),
+            "a_log": _buf(a_log, "a_log", self.name, hv * F32, align=4),
+            "dt_bias": _buf(dt_bias, "dt_bias", self.name, hv * F32, align=4),
+            "norm_w": _buf(norm_w, "norm_w", self.name, dv * BF16),
+            "state": _buf(state, "state", self.name, n_slots * hv * dk * dv * F32),
+            "slots": _buf(slots, "slots", self.name, batch * I32, align=4),
+            "sync": _buf(sync, "sync", self.name, batch * hk * I32, align=4),
+            "out": _buf(out, "out", self.name, ((batch - 1) * os_ + zw) * BF16),
+        }
+        symbols = {"B": batch, "C": c, "NS": n_slots, "x_stride": xs, "st_slot_stride": (width - 1) * c,
+                   "st_tap_stride": c, "w_stride": c, "Z": zw, "z_stride": zs, "Hv": hv, "a_stride": as_,
+                   "b_stride": bs, "SH": n_slots * hv, "SB": batch * hk, "out_stride": os_}
+        self._launch(ptrs, {"eps": eps}, symbols, stream, cluster=(splits, 1, 1) if splits > 1 else None)
 
 
-GDN_LAUNCHERS = {cls.op: cls for cls in (GdnConv, GdnStep, GdnConvStep, GdnConvStepAb)}
+GDN_LAUNCHERS = {cls.op: cls for cls in (GdnConv, GdnStep, GdnConvStep)}
 

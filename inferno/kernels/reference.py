@@ -25,15 +25,6 @@ def add_rmsnorm(x: np.ndarray, r: np.ndarray, w: np.ndarray, eps: float) -> tupl
     return f32(h), rmsnorm(h, w, eps)
 
 
-def gdn_ab_projection(h: np.ndarray, norm_w: np.ndarray, eps: float, w_ab: np.ndarray) -> np.ndarray:
-    """The GDN gate inputs a|b from the un-normed residual rows h [..., H]: bf16(W_ab . bf16(rmsnorm(h)))
-    with W_ab [2 Hv, H] (rows a then b), returned bf16 [..., 2 Hv]. The norm output is rounded to bf16
-    as the norm kernel stores it (and gemv_bf16_t1_n / gdn_conv_step_ab stage it); the dots are exact
-    (float64) before the one bf16 rounding, so a kernel's fp32 sums differ only by summation order."""
-    hn = f32(rmsnorm(h, norm_w, eps).astype(bf16)).astype(np.float64)
-    return (hn @ f32(w_ab).astype(np.float64).T).astype(np.float32).astype(bf16)
-
-
 def silu_mul(gu: np.ndarray) -> np.ndarray:
     g, u = np.split(f32(gu), 2, axis=-1)
     return g / (1.0 + np.exp(-g)) * u

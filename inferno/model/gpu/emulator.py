@@ -19,7 +19,7 @@ from ml_dtypes import bfloat16
 from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.kernels.qlayout import dequant_rows
-from inferno.model.gpu.ops import AttnGeometry, fold_ab, fold_norms, folds_norm_shape
+from inferno.model.gpu.ops import AttnGeometry, fold_norms, folds_norm_shape
 from inferno.model.gpu.residency import ALIGN, align_up
 from inferno.model.reference.norms import rms_norm, sigmoid, silu, softplus
 from inferno.model.reference.rope import apply_rope
@@ -31,12 +31,10 @@ PAGE = 64
 class EmulatedOps:
     """`Ops` over `capacity` bytes of host memory; work runs immediately (one in-order 'stream').
     The GEMVs take the RMSNorm of their input as the GPU's `_n` kernels do (`folds_norm`), unless
-    $INFERNO_FOLD_NORM=0, and the GDN step computes a|b itself as `gdn_conv_step_ab` does, unless
-    $INFERNO_FOLD_AB=0."""
+    $INFERNO_FOLD_NORM=0."""
 
     def __init__(self, capacity: int):
         self.fold_norms = fold_norms()
-        self._fold_ab = fold_ab()
         self.mem = np.zeros(capacity + ALIGN, np.uint8)
         self.capacity = capacity
         self.top = 0
@@ -173,19 +171,10 @@ class EmulatedOps:
         self.launches += 1
         self._put(y, self._get(w, bfloat16, n * k).reshape(n, k) @ self._x(x, k, norm))
 
-    def folds_ab(self, hidden: int) -> bool:
-        return self._fold_ab
-
     def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
-                      k_heads, v_heads, n_slots, eps, ab=None) -> None:
+                      k_heads, v_heads, n_slots, eps) -> None:
         self.launches += 1
-        if ab is None:
-            av, bv = self._get(a, bfloat16, v_heads), self._get(b, bfloat16, v_heads)
-        else:  # as the bf16 GEMV with the norm folded computes a|b (linear_bf16 below)
-            h, h_norm_w, w_ab, hidden, h_eps = ab
-            wab = self._get(w_ab, bfloat16, 2 * v_heads * hidden).reshape(2 * v_heads, hidden)
-            abv = (wab @ self._x(h, hidden, (h_norm_w, h_eps))).astype(np.float32).astype(bfloat16)
-            av, bv = abv[:v_heads], abv[v_heads:]
+        av, bv = self._get(a, bfloat16, v_heads), self._get(b, bfloat16, v_heads)
         slot = int(self._get(slots, np.int32, 1)[0])
         assert 0 <= slot < n_slots
         channels = 2 * k_heads * 128 + v_heads * 128

@@ -41,11 +41,6 @@ class AttnGeometry:
 
 
 Norm = tuple[DeviceBuffer, float]  # (zero-centred RMSNorm weight bf16 [k], eps) a GEMV applies to x first
-# the GDN a|b projection done by the fused conv + step itself: (h the un-normed residual row bf16 [hidden],
-# the input norm's weight bf16 [hidden], W_ab bf16 [2 Hv, hidden] (rows a then b), hidden, the norm's eps)
-AbFold = tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer, int, float]
-
-FOLD_AB_ENV = "INFERNO_FOLD_AB"  # 0: the a|b projection as its own bf16 GEMV (A/B)
 
 FOLD_NORM_ENV = "INFERNO_FOLD_NORM"  # 0: a separate rmsnorm launch before the GEMVs (A/B)
 
@@ -59,13 +54,6 @@ def folds_norm_shape(fmt: str, epilogue: str, tiled: bool, k: int) -> bool:
         return epilogue == "plain"
     return (tiled and epilogue in ("plain", "swiglu") and (fmt == "NVFP4" or (fmt in M.FORMATS and M.FORMATS[fmt][1] != 8))
             and k <= M.NORM_KMAX)
-
-
-def fold_ab() -> bool:
-    """The A/B switch $INFERNO_FOLD_AB (on unless 0), read when the operations are made."""
-    import os
-
-    return os.environ.get(FOLD_AB_ENV, "1") != "0"
 
 
 def fold_norms() -> bool:
@@ -99,12 +87,10 @@ class Ops(Protocol):
     def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
                     norm: Norm | None = None) -> None: ...
     def folds_norm(self, fmt: str, epilogue: str, tiled: bool, k: int) -> bool: ...  # gemv / linear_bf16 take norm=
-    def folds_ab(self, hidden: int) -> bool: ...  # gdn_conv_step takes ab= (no a|b GEMV)
     def gdn_conv_step(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, z: DeviceBuffer,
-                      a: DeviceBuffer | None, b: DeviceBuffer | None, a_log: DeviceBuffer, dt_bias: DeviceBuffer,
+                      a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer, dt_bias: DeviceBuffer,
                       norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer, sync: DeviceBuffer,
-                      out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, eps: float,
-                      ab: AbFold | None = None) -> None: ...  # ab: a, b computed in the step (a = b = None)
+                      out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, eps: float) -> None: ...
     # attention: q_proj and gate bf16 [n_heads * head_dim] (head h at h * head_dim, as the projections
     # write them), k and v [n_kv_heads * head_dim]; q is the fp32 [n_heads, head_dim] scratch prep fills
     # q/k norm + RoPE, k and v appended to the paged cache, split-K decode into part_o / part_lse (q: the
@@ -169,11 +155,6 @@ class CudaOps:
             except ImportError as e:
                 raise _missing("GDN decode", "inferno/kernels/gdn_variants.py", f"cannot be imported ({e})") from None
             self._gdn_conv_step = GdnConvStep(load(get("gdn_conv_step"), dev))
-            self._gdn_conv_step_ab = None
-            if fold_ab():
-                from inferno.kernels.gdn_variants import GdnConvStepAb
-
-                self._gdn_conv_step_ab = GdnConvStepAb(load(get("gdn_conv_step_ab"), dev))
         if config.attention_layers:
             try:
                 from inferno.kernels import attn_variants as A
@@ -366,19 +347,10 @@ class CudaOps:
             return False
         return True
 
-    def folds_ab(self, hidden: int) -> bool:
-        k = getattr(self, "_gdn_conv_step_ab", None)
-        return k is not None and hidden <= k.config["ab_hidden"]
-
     def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
-                      k_heads, v_heads, n_slots, eps, ab=None) -> None:
-        if ab is None:
-            self._gdn_conv_step(x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out, 1,
-                                k_heads, v_heads, n_slots, eps, stream=self.stream)
-            return
-        h, h_norm_w, w_ab, hidden, h_eps = ab
-        self._gdn_conv_step_ab(x, conv_state, conv_w, z, h, h_norm_w, w_ab, a_log, dt_bias, norm_w, state, slots,
-                               sync, out, 1, k_heads, v_heads, n_slots, hidden, eps, h_eps, stream=self.stream)
+                      k_heads, v_heads, n_slots, eps) -> None:
+        self._gdn_conv_step(x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out, 1,
+                            k_heads, v_heads, n_slots, eps, stream=self.stream)
 
     def attention(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse, gate,
                   out, g) -> None:

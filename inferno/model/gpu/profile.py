@@ -43,8 +43,8 @@ from inferno.model.config import ModelConfig
 
 BF16, F32, I32 = 2, 4, 4
 BLOCKING = frozenset({"upload", "download", "synchronize", "close"})  # host waits for the stream
-UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "folds_ab", "marker"})  # not device work
-# (side / join: stream fork and join; folds_norm / folds_ab: questions about the kernels; marker: a wait point)
+UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "marker"})  # not device work
+# (side / join: stream fork and join; folds_norm: a question about the kernels; marker: a wait point)
 HOST_COPIES = frozenset({"write", "read"})  # queued, timed, but never behind a held stream
 OPS_ATTRS = ("ops", "pops")  # where the executor and its programs hold device operations (Ops, PrefillOps)
 
@@ -322,7 +322,7 @@ class RecordingOps:
         return k * BF16
 
     def _w_gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
-                         k_heads, v_heads, n_slots, eps, ab=None):
+                         k_heads, v_heads, n_slots, eps):
         c = self.c
         dk, dv = c.gdn_k_dim, c.gdn_v_dim
         channels = 2 * k_heads * dk + v_heads * dv
@@ -330,16 +330,9 @@ class RecordingOps:
         rec = 2 * v_heads * dk * dv * STATE_DTYPES[self.dtypes.recurrent]  # read + written
         weights = c.conv_kernel * channels * BF16 + 2 * v_heads * F32 + dv * BF16  # conv, a_log, dt_bias, norm
         act = (channels + 2 * v_heads * dv + 2 * v_heads) * BF16  # x (q k v), z, out, a b
-        flops = 2 * c.conv_kernel * channels + 7 * v_heads * dk * dv
-        name = "gdn_conv_step"
-        if ab is not None:  # a, b from the residual row: W_ab and the norm weight read, h for a, b
-            hidden = ab[3]
-            weights += 2 * v_heads * hidden * BF16 + self._norm_bytes((ab[1], ab[4]), hidden)
-            act += (hidden - 2 * v_heads) * BF16
-            flops += 4 * v_heads * hidden
-            name = "gdn_conv_step_ab"
         fixed = window + rec + weights
-        return name, Work(I32 + act + fixed, flops, fixed=fixed)
+        return "gdn_conv_step", Work(I32 + act + fixed, 2 * c.conv_kernel * channels + 7 * v_heads * dk * dv,
+                                     fixed=fixed)
 
     def _w_attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g):
         d = g.head_dim
@@ -480,7 +473,7 @@ def record(executor: Any, run: Callable[[], Any]) -> RecordingOps:
 
 # ---- device spans of the executor's normal run (graph replay) ----------------------------------------
 HOST_WAITS = frozenset({"synchronize", "download"})  # the host waits for the stream: the open span ends
-SPAN_PASS = frozenset({"alloc", "upload", "preload_gemv", "close", "side", "join", "folds_norm", "folds_ab"})  # not queued stream work
+SPAN_PASS = frozenset({"alloc", "upload", "preload_gemv", "close", "side", "join", "folds_norm"})  # not queued stream work
 
 
 class SpanClock:
