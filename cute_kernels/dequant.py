@@ -14,7 +14,8 @@ so it is exact in fp32 and the one bf16 rounding matches `decode(...).astype(bfl
 Chunks past K (the 128-padding) are not stored; K must be a multiple of 8.
 
 `DequantQTiled` does the same from the load-time `tile16-v1` image of the matrix
-(inferno/kernels/tiled.py), `DequantNvfp4` for NVFP4 (`blockscale-k16-m128x4-v1`); see their docstrings.
+(inferno/kernels/tiled.py), `DequantNvfp4` for NVFP4 (`blockscale-k16-m128x4-v1`) and
+`DequantNvfp4Tiled` for NVFP4 in `tile16-nvfp4-v1` (inferno/kernels/tiled_nvfp4.py); see their docstrings.
 """
 
 import cuda.bindings.driver as cuda
@@ -40,6 +41,12 @@ def _s32(u: int) -> int:
 def _bits_f32(v, *, loc=None, ip=None) -> cutlass.Float32:
     """Reinterpret an Int32 bit pattern as Float32."""
     return cutlass.Float32(llvm.bitcast(T.f32(), cutlass.Int32(v).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def _f32_bits(v, *, loc=None, ip=None) -> cutlass.Int32:
+    """Reinterpret a Float32 as its Int32 bit pattern."""
+    return cutlass.Int32(llvm.bitcast(T.i32(), cutlass.Float32(v).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
 
 
 @dsl_user_op
@@ -349,3 +356,185 @@ class DequantNvfp4:
             gO = cute.zipped_divide(mOut[r, None], (VEC,))
             for j in cutlass.range_constexpr(CHUNK // VEC):
                 cute.autovec_copy(out[None, j], gO[None, c * (CHUNK // VEC) + j])
+
+
+# ---- tile16-nvfp4-v1 arithmetic: plain integer code (DSL Int32 in the kernel, numpy in the CPU test) ----
+
+NV_BLOCK_WORDS = 128  # tile16-nvfp4-v1: int32 words of codes per (tile, 64-code block) block (512 bytes)
+NV_PAIR_WORDS = 32  # int32 words of scales per (tile, block pair) (128 bytes)
+
+
+def nvfp4_plane_words(tiles, blocks):
+    """Word offsets (scale plane, divisor) of the tile16-nvfp4-v1 image of `tiles` row tiles x
+    `blocks` 64-code blocks (blocks even): the code plane is whole 512-byte blocks, so the scale
+    plane needs no padding."""
+    scale = tiles * blocks * NV_BLOCK_WORDS
+    return scale, scale + tiles * blocks * (NV_PAIR_WORDS // 2)
+
+
+def nvfp4_load_words(tile, j, lane, blocks):
+    """(first code word, scale word relative to its plane) lane `lane` loads for block (tile, j):
+    its 16 bytes of the block (4 words) and its 4 bytes of the block pair's scales."""
+    blk = tile * blocks + j
+    return blk * NV_BLOCK_WORDS + 4 * lane, (blk >> 1) * NV_PAIR_WORDS + lane
+
+
+def nvfp4_store_fields(tile, j, lane, i):
+    """Store i (0..3) of lane l = 4g + t of block (tile, j): 8 codes of row 16 tile + g + 8 h
+    (h = i / 2), chunk c = 4 (i % 2) + t of the row's 8 in the block, so the four lanes of a row
+    write 64 contiguous bytes. Returns (source lane, source word, scale shift, row, col): the
+    codes are word `source word` (0..3) of the source lane's 16 bytes (2 h or 2 h + 1), the scale
+    byte `scale shift / 8` of the source lane's scale word."""
+    g, t, h, u = lane >> 2, lane & 3, i >> 1, i & 1
+    src = (lane & 28) | (2 * u) | (t >> 1)  # the lane holding group c / 2 = 2u + t / 2 of row g
+    word = 2 * h + (t & 1)
+    return src, word, 8 * (2 * (j & 1) + h), TILE_ROWS * tile + g + 8 * h, 64 * j + VEC * (4 * u + t)
+
+
+@dsl_user_op
+def prmt(a, b, sel, *, loc=None, ip=None) -> cutlass.Int32:
+    """PTX prmt.b32 (default mode): byte i of the result = byte (sel >> 4i) & 7 of {b, a}."""
+    return cutlass.Int32(llvm.inline_asm(
+        T.i32(), [cutlass.Int32(x).ir_value(loc=loc, ip=ip) for x in (a, b, sel)],
+        "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+# ---- NVFP4 decode in the bf16 domain by byte permutes: plain integer code, `prmt` passed in ----
+
+FAST_Q1_MIN = 2.0 ** -124  # q1 = s / d_w at or above: no result below the normal range
+FAST_Q3_MAX = 2.0 ** 125  # q3 = 1.5 s / d_w at or below: 4 q3 stays finite in bf16
+
+
+def bf16_rne_bits(f):
+    """bf16 bits (RNE) of the non-negative finite float32 with bits f."""
+    return (f + 0x7FFF + ((f >> 16) & 1)) >> 16
+
+
+def nvfp4_lut(b1, b3, prmt):
+    """Byte tables of R[m] = the bf16 bits of e2m1(m) * s / d_w for the 8 magnitudes m, from
+    b1 = bf16(q1), b3 = bf16(q3): R = 0, b1 / 2, b1, b3, 2 b1, 2 b3, 4 b1, 4 b3 (a power of two
+    scales the exponent field: +-0x80 per factor 2). Returns (low bytes of R[0..3], of R[4..7],
+    high bytes of R[0..3], of R[4..7]) as words."""
+    a = (b1 - 0x80) << 16  # R0, R1
+    b = b1 | (b3 << 16)  # R2, R3
+    c = b + 0x00800080  # R4, R5
+    d = b + 0x01000100  # R6, R7
+    return prmt(a, b, 0x6420), prmt(c, d, 0x6420), prmt(a, b, 0x7531), prmt(c, d, 0x7531)
+
+
+def nvfp4_code_planes(w):
+    """Per-word setup of 8 codes (nibble q = code q): (magnitudes of codes 0, 2, 4, 6 as byte
+    pairs of nibbles m * 0x11, the same of codes 1, 3, 5, 7, their signs at bit 7 of each byte,
+    the same of 1, 3, 5, 7)."""
+    return ((w & 0x07070707) * 0x11, ((w >> 4) & 0x07070707) * 0x11,
+            (w << 4) & _s32(0x80808080), w & _s32(0x80808080))
+
+
+def nvfp4_pair_word(i, planes, lut, prmt):
+    """bf16 bits of codes 2i (low half) and 2i + 1 (high half): R[m] looked up by byte permutes
+    (selector nibbles m_lo, m_lo, m_hi, m_hi), the sign bits placed at bits 15 and 31."""
+    e2, o2, se, so = planes
+    sel = prmt(e2, o2, i | ((4 + i) << 4))
+    lo = prmt(lut[0], lut[1], sel)
+    hi = prmt(lut[2], lut[3], sel)
+    sg = prmt(se, so, (i << 4) | ((4 + i) << 12))
+    return (lo & 0x00FF00FF) | (hi & _s32(0xFF00FF00)) | (sg & _s32(0x80008000))
+
+
+class DequantNvfp4Tiled:
+    """NVFP4 `tile16-nvfp4-v1` -> bf16: the same output as `DequantNvfp4` (rows [n0, n0 + M) of W,
+    its own row stride, `f32(e2m1 * e4m3) / d_w` with IEEE division, one RNE rounding to bf16);
+    the weight argument is the whole image of [N, K] (inferno/kernels/tiled_nvfp4.py).
+
+    A warp takes one 512-byte (tile, 64-code block) block: lane l = 4g + t loads its 16 bytes
+    (row g, then row g + 8: group 4j + t of each) and its scale word of the block pair (one
+    128-byte warp load). Each lane then makes four 16-byte stores; for store i it fetches, by warp
+    shuffle, the code word (8 codes) of chunk 4 (i % 2) + t of row g + 8 (i / 2) and its scale
+    word from the lane that holds them, so a warp store writes 64 contiguous bytes of each of
+    8 rows (whole sectors). CTA (x, y) takes row tile n0 / 16 + y and `items` x warps
+    consecutive blocks from x * items * warps on (warp w, step s: block x * items * warps +
+    s * warps + w); each thread issues its loads first. Everything that decides a branch around
+    the shuffles is uniform over the warp. N may be any (the image's padding rows are not stored),
+    K a multiple of 16 (columns past K, i.e. the image's padding block, are not stored).
+
+    Decoding, with the same bytes: the 8 codes of a store share a scale s, and e2m1 * s is
+    p * s or p * (1.5 s) with p in {0, .5, 1, 2, 4} (signed), both products exact. With
+    q1 = RN(s / d_w) and q3 = RN(1.5 s / d_w) (two divisions per 8 codes instead of eight), the
+    output bf16(RN(p * s / d_w)) = p * bf16(q1) (or p * bf16(q3)) exactly whenever
+    q1 >= 2^-124 (nothing below the normal range, where power-of-two scaling stops commuting with
+    rounding) and q3 <= 2^125 (4 bf16(q3) finite). The 8 possible bf16 results R[m] are then
+    two 8-byte tables (`nvfp4_lut`), and each pair of codes is 4 byte permutes and 2 LOP3s
+    (`nvfp4_pair_word`), written as bf16 bits (no float conversion). Otherwise (s = 0, or
+    extreme d_w) those 8 codes take `DequantNvfp4`'s per-code division.
+    tests/test_kernels_dequant_nvfp4_tiled.py checks every scale word x code over d_w across the
+    float32 range.
+    """
+
+    def __init__(self, threads: int = 256, items: int = 4):
+        if threads % 32:
+            raise ValueError("threads must be whole warps")
+        self.threads, self.items = threads, items
+        self.warps = threads // 32
+
+    @cute.jit
+    def __call__(self, mW: cute.Tensor, mOut: cute.Tensor, n_total: cutlass.Int32, n0: cutlass.Int32,
+                 stream: cuda.CUstream):
+        m = cute.size(mOut, mode=[0])
+        k = cute.size(mOut, mode=[1])
+        per_cta = self.items * self.warps
+        grid = (((k + 127) // 128 * 2 + per_cta - 1) // per_cta, (m + TILE_ROWS - 1) // TILE_ROWS + 1, 1)
+        self.kernel(mW, mOut, n_total, n0).launch(grid=grid, block=(self.threads, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mW: cute.Tensor, mOut: cute.Tensor, n_total: cutlass.Int32, n0: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        m = cute.size(mOut, mode=[0])
+        k = cute.size(mOut, mode=[1])
+        blocks = (k + 127) // 128 * 2
+        tile = n0 // TILE_ROWS + bidy
+        warp, lane = tidx // 32, tidx % 32
+        j0 = bidx * (self.items * self.warps) + warp
+        if tile * TILE_ROWS < n0 + m and j0 < blocks:  # uniform over the warp
+            scale_w0, div_w = nvfp4_plane_words((n_total + TILE_ROWS - 1) // TILE_ROWS, blocks)
+            d_w = _bits_f32(mW[div_w])
+            wb = cute.make_rmem_tensor((4, self.items), cutlass.Int32)
+            sw = cute.make_rmem_tensor((self.items,), cutlass.Int32)
+            gW4 = cute.zipped_divide(mW, (4,))
+            # all loads first (blocks past the last clamped to it; their stores are skipped)
+            for s in cutlass.range_constexpr(self.items):
+                jc = cutlass.min(j0 + s * self.warps, blocks - 1)
+                code_w, scale_w = nvfp4_load_words(tile, jc, lane, blocks)
+                cute.autovec_copy(gW4[None, code_w // 4], wb[None, s])
+                sw[s] = mW[scale_w0 + scale_w]
+            for s in cutlass.range_constexpr(self.items):
+                j = j0 + s * self.warps
+                if j < blocks:  # uniform over the warp: every lane takes part in the shuffles
+                    for i in cutlass.range_constexpr(4):
+                        src, word, shift, row, col = nvfp4_store_fields(tile, j, lane, i)
+                        lo = cute.arch.shuffle_sync(wb[2 * (i // 2), s], src)  # words 2h, 2h + 1
+                        hi = cute.arch.shuffle_sync(wb[2 * (i // 2) + 1, s], src)
+                        w = cutlass.select_((word & 1) == 1, hi, lo)
+                        sb = (cute.arch.shuffle_sync(sw[s], src) >> shift) & 0xFF
+                        e = sb >> 3
+                        normal = _bits_f32(((e + 120) << 23) | ((sb & 7) << 20))
+                        sc = cutlass.select_(e == 0, cutlass.Float32(sb & 7) * cutlass.Float32(2.0 ** -9), normal)
+                        out = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
+                        q1 = sc / d_w
+                        q3 = (sc * cutlass.Float32(1.5)) / d_w
+                        if q1 >= cutlass.Float32(FAST_Q1_MIN) and q3 <= cutlass.Float32(FAST_Q3_MAX):
+                            lut = nvfp4_lut(bf16_rne_bits(_f32_bits(q1)), bf16_rne_bits(_f32_bits(q3)), prmt)
+                            planes = nvfp4_code_planes(w)
+                            ow = cute.recast_tensor(out, cutlass.Int32)
+                            for pair in cutlass.range_constexpr(VEC // 2):
+                                ow[pair] = nvfp4_pair_word(pair, planes, lut, prmt)
+                        else:
+                            vals = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+                            for q in cutlass.range_constexpr(VEC):
+                                vals[q] = (_bits_f32(_e2m1_bits((w >> (4 * q)) & 0xF)) * sc) / d_w
+                            out.store(vals.load().to(cutlass.BFloat16))
+                        r = row - n0
+                        if r >= 0 and r < m and col < k:
+                            gO = cute.zipped_divide(mOut[r, None], (VEC,))
+                            cute.autovec_copy(out, gO[None, col // VEC])

@@ -2,7 +2,9 @@
 packing and argument checks; a numpy model of the attention kernel's tiling (page blocks, key-block
 order, diagonal mask, -inf rows) against the reference attention; the tile16-v1 dequant kernel's own
 index and bit arithmetic run on numpy over its grid (tile16-v1 image in, every element once, equal
-to `qlayout.dequant_rows` of the row-split payload)."""
+to `qlayout.dequant_rows` of the row-split payload); the compiled PTX of the tile16-v1 and
+tile16-nvfp4-v1 dequant kernels run by a SIMT interpreter (shuffles, byte permutes, div.rn.f32)
+against the formats' decoders (the NVFP4 kernel's model and launcher: test_kernels_dequant_nvfp4_tiled.py)."""
 
 import hashlib
 import re
@@ -266,6 +268,10 @@ def run_ptx(ptx: str, grid: tuple, threads: int, params: dict[str, bytes], image
             return np.full(lanes, int(x[2:], 16), np.uint64)
         return np.full(lanes, int(x) & ((1 << 64) - 1), np.uint64)
 
+    def address(x: str) -> np.ndarray:  # [reg] or [reg+offset]
+        base, _, off = x.strip("[]").partition("+")
+        return val(base) + np.uint64(int(off or 0))
+
     def put(d: str, v, on: np.ndarray) -> None:
         old = reg.get(d, np.zeros(lanes, np.uint64))
         reg[d] = np.where(on, np.asarray(v).astype(np.uint64), old)
@@ -282,7 +288,7 @@ def run_ptx(ptx: str, grid: tuple, threads: int, params: dict[str, bytes], image
         on = active if pred is None else active & pred
         if op == "ret":
             break
-        if op == "bra":
+        if op in ("bra", "bra.uni"):
             assert rest.startswith("$"), st
             waiting[rest] = waiting.get(rest, np.zeros(lanes, bool)) | on
             active = active & ~on
@@ -298,7 +304,7 @@ def run_ptx(ptx: str, grid: tuple, threads: int, params: dict[str, bytes], image
             continue
         args = [a.strip() for a in re.split(r",(?![^{]*\})", rest)]
         if op.startswith("ld.global"):
-            addr = val(args[1].strip("[]"))[on].astype(np.int64) - W_BASE
+            addr = address(args[1])[on].astype(np.int64) - W_BASE
             assert np.all(addr % 4 == 0) and np.all(addr >= 0), st
             words = addr // 4
             for i, d in enumerate(args[0].strip("{}").split(", ")):
@@ -309,13 +315,28 @@ def run_ptx(ptx: str, grid: tuple, threads: int, params: dict[str, bytes], image
             continue
         if op.startswith("st.global"):
             srcs = args[1].strip("{}").split(", ")
-            addr = val(args[0].strip("[]"))[on].astype(np.int64) - OUT_BASE
+            addr = address(args[0])[on].astype(np.int64) - OUT_BASE
             assert np.all(addr % (4 * len(srcs)) == 0) and np.all(addr >= 0), st
             for i, s in enumerate(srcs):
                 w = addr // 4 + i
                 assert np.all(w < out.size), f"{st}: write past the output"
                 out[w] = val(s)[on] & M32
                 np.add.at(writes, w, 1)
+            continue
+        if op == "prmt.b32":  # default mode only: byte i of d = byte (c >> 4i) & 7 of {b, a}
+            a, b, c = (val(x) & M32 for x in args[1:4])
+            assert not np.any(c[on] & 0x8888), f"{st}: sign-replicating selector not modelled"
+            x = (b << np.uint64(32)) | a
+            v = np.zeros(lanes, np.uint64)
+            for i in range(4):
+                sel = (c >> np.uint64(4 * i)) & np.uint64(7)
+                v |= ((x >> (np.uint64(8) * sel)) & np.uint64(0xFF)) << np.uint64(8 * i)
+            put(args[0], v, on)
+            continue
+        if op == "shfl.sync.idx.b32":  # lanes are (CTA, thread) raveled, so a warp is 32 aligned lanes
+            srcs = (np.arange(lanes) & ~31) + (val(args[2]) & 31).astype(np.int64)
+            assert np.all(active[srcs[on]]), f"{st}: a shuffle reads an inactive lane"
+            put(args[0], val(args[1])[srcs], on)
             continue
         d, a = args[0], [val(x) for x in args[1:]]
         kind = op.split(".")[0]
@@ -328,28 +349,45 @@ def run_ptx(ptx: str, grid: tuple, threads: int, params: dict[str, bytes], image
             v = a[0] & M32
         elif op in ("cvt.s64.s32",):
             v = _s32(a[0]).astype(np.uint64)
-        elif typ == "f32":
-            f = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[kind](_f32(a[0]), _f32(a[1]))
+        elif op == "cvt.rn.f32.u32":
+            v = _bits((a[0] & M32).astype(np.float32))
+        elif typ == "f32" and kind in ("add", "sub", "mul", "div"):  # IEEE binary32, RNE (div.rn too)
+            with np.errstate(all="ignore"):  # lanes that are not active compute on zeros
+                fn = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[kind]
+                f = fn(_f32(a[0]), _f32(a[1]))
             v = _bits(f)
         elif kind == "setp":
             cmp = op.split(".")[1]
-            x, y = (_s32(a[0]), _s32(a[1])) if typ == "s32" else (a[0] & M32, a[1] & M32)
-            v = {"lt": x < y, "le": x <= y, "gt": x > y, "ge": x >= y, "eq": x == y, "ne": x != y}[cmp]
+            unordered = typ == "f32" and cmp in ("ltu", "leu", "gtu", "geu", "equ", "neu")
+            if typ == "f32":
+                x, y = _f32(a[0]), _f32(a[1])
+            else:
+                x, y = (_s32(a[0]), _s32(a[1])) if typ == "s32" else (a[0] & M32, a[1] & M32)
+            with np.errstate(invalid="ignore"):
+                v = {"lt": x < y, "le": x <= y, "gt": x > y, "ge": x >= y, "eq": x == y,
+                     "ne": x != y}[cmp[:2]]
+            if unordered:
+                v = v | np.isnan(x) | np.isnan(y)
         elif typ == "pred":
-            v = {"and": np.logical_and, "or": np.logical_or}[kind](a[0].astype(bool), a[1].astype(bool))
+            if kind == "not":
+                v = ~a[0].astype(bool)
+            else:
+                v = {"and": np.logical_and, "or": np.logical_or}[kind](a[0].astype(bool), a[1].astype(bool))
         elif kind == "selp":
             v = np.where(a[2].astype(bool), a[0], a[1]) & M32
         elif kind == "mov":
             v = a[0] & M32
         elif op == "mul.wide.s32":
             v = (_s32(a[0]) * _s32(a[1])).astype(np.uint64)
+        elif op == "mul.wide.u32":
+            v = (a[0] & M32) * (a[1] & M32)
         elif typ in ("s64", "b64", "u64"):
             if kind == "mad":
                 v = a[0] * a[1] + a[2]
             elif kind == "shl":
                 v = a[0] << a[1]
             else:
-                v = {"add": np.add, "sub": np.subtract}[kind](a[0], a[1])
+                v = {"add": np.add, "sub": np.subtract, "or": np.bitwise_or}[kind](a[0], a[1])
         else:  # 32-bit integer
             x, y = _s32(a[0]), (_s32(a[1]) if len(a) > 1 else None)
             u, sh = a[0] & M32, (a[1] & M32 if len(a) > 1 else None)
@@ -406,6 +444,41 @@ def test_dequant_tiled_ptx_matches_decoder(fmt, n, k, n0, rows, stride):
     assert np.all(per_row[:, :k // 2] == 1) and np.all(per_row[:, k // 2:] == 0) and not writes[rows * stride // 2:].any()
     got = out[:rows * stride // 2].astype(np.uint32).view(np.uint16).reshape(rows, stride)[:, :k]
     want = ql.dequant_rows(fmt, pay, n, k, np.arange(n0, n0 + rows)).astype(np.float32).astype(bf16)
+    assert np.array_equal(got, want.view(np.uint16))
+
+
+@pytest.mark.parametrize("n,k,n0,rows,stride,d", [
+    (256, 192, 0, 256, 192, None), (256, 192, 37, 100, 200, None), (40, 80, 3, 30, 88, None),
+    (48, 5120, 17, 24, 5128, None), (64, 256, 0, 64, 256, 1.37 * 2.0**125), (64, 256, 0, 64, 256, 1e-37),
+    (32, 128, 0, 32, 128, 2.0**-149)])
+def test_dequant_nvfp4_tiled_ptx_matches_decoder(n, k, n0, rows, stride, d):
+    """dequant_nvfp4_tiled's compiled PTX (warp shuffles, div.rn.f32 included) over its launch grid on a
+    tile16-nvfp4-v1 image: every element of the slice written once, equal to bf16 of the NVFP4
+    decoder's value; nothing else written. d_w random, or extreme (s / d_w subnormal, zero or
+    infinite for some scales: the kernel's per-code division path)."""
+    from inferno.kernels.tiled_nvfp4 import tile_words
+
+    name = "dequant_nvfp4_tiled"
+    ptx = _PTX.get(name) or _PTX.setdefault(name, _compile_dequant_ptx(name))
+    v = pv.prefill_variant(name)
+    rng = np.random.default_rng()
+    codes = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    scales = rng.integers(0, 0x7F, (n, k // 16), dtype=np.uint8)  # every finite non-negative word
+    scales[0, :5] = np.arange(5)  # +0 and subnormal scales
+    d = np.float32(rng.uniform(0.5, 3000.0) if d is None else d)
+    image = tile_words(codes, scales, d).view("<u4")
+    grid = eval_grid(v.grid, {"M": rows, "K": k, "WL": image.size, "out_stride": stride})
+    out = np.full(rows * stride // 2 + 16, M32, np.uint64)  # bf16 pairs, poisoned, a guard tail
+    writes = np.zeros(out.size, np.int64)
+    params = {"0": struct.pack("<Qii", W_BASE, image.size, 0), "1": struct.pack("<Qiiq", OUT_BASE, rows, k, stride),
+              "2": struct.pack("<i", n), "3": struct.pack("<i", n0)}
+    run_ptx(ptx, grid, v.config["threads"], params, image.astype(np.uint64), out, writes)
+    per_row = writes[:rows * stride // 2].reshape(rows, stride // 2)
+    assert np.all(per_row[:, :k // 2] == 1) and np.all(per_row[:, k // 2:] == 0)
+    assert not writes[rows * stride // 2:].any()
+    got = out[:rows * stride // 2].astype(np.uint32).view(np.uint16).reshape(rows, stride)[:, :k]
+    with np.errstate(all="ignore"):
+        want = nv.dequantize(codes[n0:n0 + rows], scales[n0:n0 + rows], d).astype(bf16)
     assert np.array_equal(got, want.view(np.uint16))
 
 
@@ -544,7 +617,7 @@ def test_dequant_launcher_packs_and_grids(built, rec, arch, fmt):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("fmt", list(pv.DEQUANT_TILED))
+@pytest.mark.parametrize("fmt", list(pv.FORMATS))  # NVFP4's tile16-nvfp4-v1: test_kernels_dequant_nvfp4_tiled.py
 def test_dequant_tiled_launcher_packs_and_grids(built, rec, arch, fmt):
     from inferno.kernels.tiled import tiled_geometry
 
@@ -582,7 +655,7 @@ def test_dequant_tiled_launcher_refuses_bad_arguments(built, rec):
         k(w, out, n, kk, n0=70, rows=8)
     assert not rec.calls
     with pytest.raises(LaunchError, match="no tile16-v1 dequant kernel"):
-        pv.Dequant.for_format("NVFP4", tiled=True)
+        pv.Dequant.for_format("Q3G64_F16S", tiled=True)
 
 
 def test_dequant_launcher_refuses_bad_arguments(built, rec):

@@ -4,7 +4,8 @@ table) and their typed launchers. See docs/kernels-prefill.md.
 
   dequant_<q4|q5|q6|w8>  w int32 [WL] (the whole `row-split-k128-v1` payload of W [N, K];
   dequant_<..>_tiled     the whole `tile16-v1` image, inferno/kernels/tiled.py;
-  dequant_nvfp4          `blockscale-k16-m128x4-v1` for NVFP4, N % 128 == 0, K % 64 == 0)
+  dequant_nvfp4          `blockscale-k16-m128x4-v1` for NVFP4, N % 128 == 0, K % 64 == 0;
+  dequant_nvfp4_tiled    the whole `tile16-nvfp4-v1` image, inferno/kernels/tiled_nvfp4.py, K % 16 == 0)
                          -> out bf16 [M, K] = rows [n0, n0 + M) of W (row stride out_stride)
   attn_prefill_g<2|6|8>  q, gate bf16 [T, Hq, 256] (strides q_stride/q_hstride, ...; q fp32 in
                          the _qf32 variants, as the decode prep kernel writes it), the paged
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 BF16, I32 = 2, 4
 DEQUANT_THREADS = 256
 DEQUANT_ITEMS = 4  # tile16-v1: items (8 codes of a row) per thread
+NVFP4_TILED_ITEMS = 4  # tile16-nvfp4-v1: 512-byte blocks per warp
 ATTN_BLOCK_M = 64  # query rows per CTA (4 warps x 16)
 ATTN_THREADS = 128
 FORMATS = {  # format -> (short name, bits, group)
@@ -44,7 +46,8 @@ FORMATS = {  # format -> (short name, bits, group)
     "W8G32_F16S": ("w8", 8, 32),
 }
 DEQUANT_FORMATS = {**{f: f"dequant_{short}" for f, (short, _, _) in FORMATS.items()}, "NVFP4": "dequant_nvfp4"}
-DEQUANT_TILED = {f: f"dequant_{short}_tiled" for f, (short, _, _) in FORMATS.items()}  # weights in tile16-v1
+DEQUANT_TILED = {**{f: f"dequant_{short}_tiled" for f, (short, _, _) in FORMATS.items()},  # weights in tile16-v1
+                 "NVFP4": "dequant_nvfp4_tiled"}  # NVFP4 in tile16-nvfp4-v1
 GQA_GROUPS = (2, 6, 8)  # Hq / Hkv: tiny test models (4 : 2), 27B, 35B-A3B
 
 
@@ -90,6 +93,22 @@ def _dequant_nvfp4() -> Variant:
     )
 
 
+def _dequant_nvfp4_tiled() -> Variant:
+    per_cta = NVFP4_TILED_ITEMS * DEQUANT_THREADS // 32
+    return Variant(
+        name="dequant_nvfp4_tiled", op="dequant_nvfp4_tiled", source="cute_kernels.dequant", cls="DequantNvfp4Tiled",
+        config=dict(threads=DEQUANT_THREADS, items=NVFP4_TILED_ITEMS),
+        args=(Tensor("w", "i32", ("WL",), (1,)),
+              Tensor("out", "bf16", ("M", "K"), ("out_stride", 1)),
+              Scalar("n_total", "i32"), Scalar("n0", "i32")),
+        # x: the K_pad / 64 blocks of a row tile, one per warp and step; y: M / 16 + 1 tiles
+        grid=(f"cdiv(cdiv(K, 128) * 2, {per_cta})", "cdiv(M, 16) + 1", "1"),
+        divisibility={"K": 16, "out_stride": 8},
+        summary="out = bf16(W[n0:n0+M]), W NVFP4 tile16-nvfp4-v1, a warp per 512-byte block, "
+                "codes shuffled to whole-sector stores",
+    )
+
+
 def _attn(group: int, q_f32: bool = False) -> Variant:
     hd = HEAD_DIM
     return Variant(
@@ -112,6 +131,7 @@ def _attn(group: int, q_f32: bool = False) -> Variant:
 
 PREFILL_VARIANTS: tuple[Variant, ...] = (
     *(_dequant(f) for f in FORMATS), *(_dequant_tiled(f) for f in FORMATS), _dequant_nvfp4(),
+    _dequant_nvfp4_tiled(),
     *(_attn(g, f) for f in (False, True) for g in GQA_GROUPS))
 _BY_NAME = {v.name: v for v in PREFILL_VARIANTS}
 
@@ -160,11 +180,12 @@ class _PrefillLauncher:
 
 class Dequant(_PrefillLauncher):
     """out[r, :] = bf16(W[n0 + r, :]) for r < rows, W [n, k] a quantized matrix on the device: the
-    artifact payload, or (the `_tiled` variants) a groupwise-int matrix's tile16-v1 image."""
+    artifact payload, or (the `_tiled` variants) a groupwise-int matrix's tile16-v1 image or an
+    NVFP4 matrix's tile16-nvfp4-v1 image."""
 
     @classmethod
     def for_format(cls, fmt: str, device: "Device | None" = None, tiled: bool = False) -> "Dequant":
-        """The kernel for `fmt` weights; tiled: the groupwise-int matrix lies in tile16-v1."""
+        """The kernel for `fmt` weights; tiled: the matrix lies in tile16-v1 (NVFP4: tile16-nvfp4-v1)."""
         names = DEQUANT_TILED if tiled else DEQUANT_FORMATS
         if fmt not in names:
             raise LaunchError(f"no {'tile16-v1 ' if tiled else ''}dequant kernel for weight format {fmt!r}; "
@@ -173,7 +194,7 @@ class Dequant(_PrefillLauncher):
 
     @property
     def tiled(self) -> bool:
-        """Whether this kernel reads the tile16-v1 image (else the artifact payload)."""
+        """Whether this kernel reads the tile16-v1 / tile16-nvfp4-v1 image (else the artifact payload)."""
         return self.name in DEQUANT_TILED.values()
 
     @property
@@ -182,7 +203,15 @@ class Dequant(_PrefillLauncher):
         return next(f for f, name in names.items() if name == self.name)
 
     def payload_bytes(self, n: int, k: int) -> int:
-        """Bytes of the [n, k] weight as this kernel reads it (payload or tile16-v1 image)."""
+        """Bytes of the [n, k] weight as this kernel reads it (payload or tile16-v1 / tile16-nvfp4-v1 image)."""
+        if self.tiled and self.fmt == "NVFP4":
+            from inferno.kernels.tiled_nvfp4 import TiledNvfp4Error
+            from inferno.kernels.tiled_nvfp4 import tiled_geometry as nvfp4_tiled_geometry
+
+            try:
+                return nvfp4_tiled_geometry(n, k).nbytes
+            except TiledNvfp4Error as e:
+                raise LaunchError(f"kernel {self.name}: {e}") from None
         if self.tiled:
             from inferno.kernels.tiled import tiled_geometry
 
