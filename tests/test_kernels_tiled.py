@@ -55,4 +55,17 @@ def test_refuses_a_wrong_size():
     with pytest.raises(TiledLayoutError, match="expected"):
         tile("Q4G64_F16S", pay[:-2], 16, 128)
     with pytest.raises(TiledLayoutError, match="formats"):
-        tiled_geometry("NVFP4", 16, 128)
+        tiled_geometry("BF16", 16, 128)
+
+
+def test_nvfp4_goes_to_its_own_layout():
+    """tiled_geometry / tile / untile take NVFP4 too, in tile16-nvfp4-v1 (inferno/kernels/tiled_nvfp4.py)."""
+    from inferno.artifact.formats import nvfp4
+    from inferno.kernels import tiled_nvfp4
+
+    w = np.random.default_rng(3).standard_normal((128, 256)).astype(np.float32)
+    pay = nvfp4.pack(*nvfp4.quantize(w))
+    img = tile("NVFP4", pay, 128, 256)
+    assert tiled_geometry("NVFP4", 128, 256).nbytes == tiled_nvfp4.tiled_geometry(128, 256).nbytes == img.nbytes
+    assert np.array_equal(img, tiled_nvfp4.tile(pay, 128, 256))
+    assert untile("NVFP4", img, 128, 256).tobytes() == bytes(pay)
