@@ -1,7 +1,8 @@
 """GpuExecutor on a tiny NVFP4 artifact (fusion plan "nvfp4") vs the numpy reference executor.
 
-The decode path multiplies by the NVFP4 matrices with the NVFP4 GEMV (gemv_nvfp4_*), the fused
-input projections split by rows on load; prefill dequantises them (dequant_nvfp4) for its GEMMs.
+The decode path multiplies by the NVFP4 matrices with the tensor-core NVFP4 GEMV (gemv_mma_nvfp4_*,
+the matrices in tile16-nvfp4-v1, the fused input projections one matrix a layer); prefill
+dequantises them (dequant_nvfp4_tiled) for its GEMMs.
 Self-diagnosing: a failing comparison prints the first mismatching step, then every layer's mixer
 and residual-stream error vs the reference, for the GPU and for the numpy emulation of the same
 launch sequence (GPU bad but emulation good: a kernel's numerics; both bad: the wiring), and the
@@ -56,15 +57,19 @@ def gemv_check(ex: GpuExecutor) -> str:
     from ml_dtypes import bfloat16
 
     from inferno.artifact.formats import nvfp4
+    from inferno.kernels.tiled import tiled_geometry, untile
 
     w = ex.weights["text/layers/0/mlp/gate_up"]
     n, k = w.shape
     x = (np.random.default_rng(1).standard_normal(k) * 0.5).astype(bfloat16)
     ws = ex.program.ws
     ex.ops.upload(ws["normed"], x)
-    ex.ops.gemv("NVFP4", "swiglu", w.buf, ws["normed"], ws["act"], n, k)
+    ex.ops.gemv("NVFP4", "swiglu", w.buf, ws["normed"], ws["act"], n, k, tiled=w.tiled)
     got = ex.ops.download(ws["act"], bfloat16, (n // 2,)).astype(np.float64)
-    pay = ex.ops.download(w.buf, np.uint8, (nvfp4.geometry((n, k)).nbytes,))
+    pay = ex.ops.download(w.buf, np.uint8, (tiled_geometry("NVFP4", n, k).nbytes if w.tiled else
+                                            nvfp4.geometry((n, k)).nbytes,))
+    if w.tiled:
+        pay = untile("NVFP4", pay, n, k)
     y = nvfp4.decode(pay.tobytes(), (n, k)).astype(np.float64) @ x.astype(np.float64)
     g, u = y[: n // 2], y[n // 2:]
     want = g / (1 + np.exp(-g)) * u
@@ -83,8 +88,9 @@ def test_decode_uses_the_nvfp4_gemv(graph_ex):
     from inferno.model.gpu.residency import gemv_kinds
 
     kinds = gemv_kinds(graph_ex.plan.placements)
-    assert {("NVFP4", "plain", False), ("NVFP4", "residual", False), ("NVFP4", "swiglu", False)} <= kinds, kinds
-    assert {"gemv_nvfp4_t1", "gemv_nvfp4_t1_res", "gemv_nvfp4_t1_swiglu"} <= set(graph_ex.ops._gemv), \
+    # every NVFP4 matrix in tile16-nvfp4-v1, on the tensor-core GEMV
+    assert {("NVFP4", "plain", True), ("NVFP4", "residual", True), ("NVFP4", "swiglu", True)} <= kinds, kinds
+    assert {"gemv_mma_nvfp4_t1", "gemv_mma_nvfp4_t1_res", "gemv_mma_nvfp4_t1_swiglu"} <= set(graph_ex.ops._gemv), \
         sorted(graph_ex.ops._gemv)
 
 
@@ -174,7 +180,7 @@ def test_mixed_bf16_nvfp4_greedy_matches_reference(mixed_artifact):
         from inferno.model.gpu.residency import gemv_kinds
 
         kinds = gemv_kinds(ex.plan.placements)
-        assert {("BF16", "plain", False), ("BF16", "residual", False), ("NVFP4", "swiglu", False)} <= kinds, kinds
+        assert {("BF16", "plain", False), ("BF16", "residual", False), ("NVFP4", "swiglu", True)} <= kinds, kinds
         assert "gemv_bf16_t1_res" in ex.ops._gemv, sorted(ex.ops._gemv)  # plain ones: `_n` where the norm folds
         assert {"gemv_bf16_t1", "gemv_bf16_t1_n"} & set(ex.ops._gemv), sorted(ex.ops._gemv)
         for length in (10, 100):
