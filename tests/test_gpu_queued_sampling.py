@@ -125,3 +125,20 @@ def test_misuse_is_refused(emulated):
     finally:
         emulated.release(st)
     assert not emulated._queued
+
+
+def test_every_queued_wait_is_released(emulated, monkeypatch):
+    """Each queued step's wait (a CUDA event on the GPU) is run once: taken, or dropped with the state."""
+    full, _ = run(emulated, request(emulated, GREEDY, n=12))
+    made, waited = [], []
+
+    def marker():
+        i = len(made)
+        made.append(i)
+        return lambda: waited.append(i)
+
+    monkeypatch.setattr(emulated.ops, "marker", marker)
+    got, why = run(emulated, request(emulated, GREEDY, n=12, stop=[full[5]]))
+    # tokens 2.. come from queued steps; one more step was queued past the stop token
+    assert why == "stop" and len(made) == full.index(full[5]) + 1
+    assert sorted(waited) == made

@@ -342,7 +342,9 @@ class GpuExecutor:
             self._enter()
             st = self._check_state(state)
             self.ops.synchronize()  # queued steps of this sequence finish before its slot is reused
-            self._queued = [q for q in self._queued if q[0] is not st]  # tokens nobody will take
+            for _, _, done in (q for q in self._queued if q[0] is st):  # tokens nobody will take
+                done()  # returns at once (the stream is drained) and frees the step's event
+            self._queued = [q for q in self._queued if q[0] is not st]
             self.states.release(st)
             st.released = True
 
@@ -517,7 +519,9 @@ class GpuExecutor:
                 g.close()
             self.graphs.clear()
             if self.ops is not None:
-                self.ops.close()
+                self.ops.close()  # drains the stream: the queued steps' waits return at once
+            for _, _, done in getattr(self, "_queued", ()):
+                done()
             for p in self._pinned:
                 p.close()
 
