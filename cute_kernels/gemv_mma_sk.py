@@ -107,14 +107,26 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
+PROBES = ("", "nochain", "empty")  # timing probes for the benchmark only (their results are wrong)
+
+
 class GemvMmaSK(GemvMma):
     """`warps` warps per CTA, `ctas` CTAs per SM (the launcher sizes the grid), `stages` stages of blocks
-    per warp in registers or (`cpa`) in a shared-memory ring, x for K <= kmax in shared memory."""
+    per warp in registers or (`cpa`) in a shared-memory ring, x for K <= kmax in shared memory.
+
+    `probe` (tools/bench_gemv.py --probe, never the executor): "nochain" adds the row sums into ws but
+    skips the unit counters and the finishing warps' read-back and epilogue (the flush's dependent L2
+    round trips at the end of a run); "empty" stages x and exits (a launch's fixed cost: PDL wait, x
+    staging, the ring's first loads, no stream)."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
-                 ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False):
+                 ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
+                 probe: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
+        if probe not in PROBES:
+            raise ValueError(f"probe must be one of {PROBES}")
+        self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
@@ -210,6 +222,10 @@ class GemvMmaSK(GemvMma):
         cute.arch.sync_threads()
         xsr = self._xs_lane(xsd, lane)
         cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.probe == "empty"):  # nothing streamed; the ring's first loads drained
+            n = cutlass.Int32(0)
+            if cutlass.const_expr(self.cpa):
+                cute.arch.cp_async_wait_group(0)
 
         ops = DslOps()
         kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
@@ -313,25 +329,26 @@ class GemvMmaSK(GemvMma):
                         for col in cutlass.range_constexpr(self.cols):
                             if col < t_rows:
                                 _red_add(part + (col * n_w + row) * 4, acc[2 * h + col, sl[b]])
-        cute.arch.sync_warp()
-        old = cutlass.Int32(0)
-        if lane == 0:
-            old = _count(cnt + u * 4, seg)
-        old = cute.arch.shuffle_sync(old, offset=0)
-        if old + seg == npairs:  # the last contribution: this warp finishes unit u
-            cute.arch.fence_acq_rel_gpu()
-            r = lane % 16
-            col = lane // 16
-            o = 16 * u + r
-            if col < self.cols:
-                if col < t_rows:
-                    if o < m:
-                        a = self._unscale(_take(part + (col * n_w + o) * 4), geo[13])
-                        if cutlass.const_expr(self.epilogue == "swiglu"):
-                            up = self._unscale(_take(part + (col * n_w + m + o) * 4), geo[13])
-                            a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
-                        if cutlass.const_expr(self.epilogue == "residual"):
-                            a = a + mR[col, o].to(cutlass.Float32)
-                        mY[col, o] = a.to(cutlass.BFloat16)
+        if cutlass.const_expr(self.probe != "nochain"):  # the counter, then the finishing warp's read-back
+            cute.arch.sync_warp()
+            old = cutlass.Int32(0)
             if lane == 0:
-                _zero(cnt + u * 4)
+                old = _count(cnt + u * 4, seg)
+            old = cute.arch.shuffle_sync(old, offset=0)
+            if old + seg == npairs:  # the last contribution: this warp finishes unit u
+                cute.arch.fence_acq_rel_gpu()
+                r = lane % 16
+                col = lane // 16
+                o = 16 * u + r
+                if col < self.cols:
+                    if col < t_rows:
+                        if o < m:
+                            a = self._unscale(_take(part + (col * n_w + o) * 4), geo[13])
+                            if cutlass.const_expr(self.epilogue == "swiglu"):
+                                up = self._unscale(_take(part + (col * n_w + m + o) * 4), geo[13])
+                                a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
+                            if cutlass.const_expr(self.epilogue == "residual"):
+                                a = a + mR[col, o].to(cutlass.Float32)
+                            mY[col, o] = a.to(cutlass.BFloat16)
+                if lane == 0:
+                    _zero(cnt + u * 4)

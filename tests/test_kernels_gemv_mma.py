@@ -354,6 +354,48 @@ def test_stream_k_variants():
         mv.GemvMmaSK(_Loaded(mv.gemv_mma_variant("gemv_mma_q4_t1_k8")))
 
 
+def _cuobjdump() -> str | None:
+    """cuobjdump on PATH or from the nvidia-cuda-cuobjdump wheel, else None."""
+    import shutil
+    from pathlib import Path
+
+    tool = shutil.which("cuobjdump")
+    if tool is not None:
+        return tool
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    return next((str(p) for r in nvidia.__path__ for p in [Path(r, "cu13", "bin", "cuobjdump")] if p.exists()), None)
+
+
+def test_probe_variants(tmp_path):
+    """The benchmark's stream-K probes build; in their SASS (where cuobjdump is installed) `nochain` keeps
+    the row sums' reds but no unit-counter atomics, `empty` has no mma at all; the member is untouched."""
+    import subprocess
+
+    from inferno.kernels.build import build_variant
+
+    probes = mv.probe_variants("Q5G64_F16S", "residual")
+    assert [v.name for v in probes] == ["gemv_mma_q5_t1_res_sk_probe_nochain", "gemv_mma_q5_t1_res_sk_probe_empty"]
+    assert all(v.name not in {m.name for m in mv.GEMV_MMA_VARIANTS} for v in probes)  # never the executor's
+    member = mv.make_sk_variant("Q5G64_F16S", "residual")
+    assert "probe" not in member.config
+    tool = _cuobjdump()
+    sass = {}
+    for v in [member, *probes]:
+        build_variant(v, "sm_90a", tmp_path)
+        if tool is not None:
+            cubin = tmp_path / "sm_90a" / f"{v.name}.cubin"
+            sass[v.name.rpartition("_probe_")[2] if "_probe_" in v.name else ""] = subprocess.run(
+                [tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    assert "ATOM" in sass[""] and "RED" in sass[""] and "HMMA" in sass[""]
+    assert "ATOM" not in sass["nochain"] and "RED" in sass["nochain"] and "HMMA" in sass["nochain"]
+    assert "HMMA" not in sass["empty"] and "RED" not in sass["empty"]
+
+
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),
                                        ("gemv_mma_q6_t1_swiglu_sk", "sm_90a"),
                                        ("gemv_mma_q6_t1_k4_xs", "sm_90a"), ("gemv_mma_q4_t1_swiglu_k2_xs", "sm_120a"),

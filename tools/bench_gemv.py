@@ -6,6 +6,7 @@
     python tools/bench_gemv.py --build DIR --mma [--mma-tune]      (build the variants --mma times)
     python tools/bench_gemv.py --xs [--pdl] [--build DIR]   (x-in-shared-memory and stream-K members, T = 1)
     python tools/bench_gemv.py --nvfp4 [--pdl] [--build DIR]   (NVFP4: tensor-core members vs CUDA-core, T = 1)
+    python tools/bench_gemv.py --probe [--pdl] [--build DIR]   (stream-K: where a launch's fixed cost goes)
 
 Each case replays a CUDA graph of back-to-back launches that cycle over enough copies of the
 weights (>= 512 MB in all) that no launch finds its weights in L2, as in decode. Time = median
@@ -18,6 +19,10 @@ every K-split member at T = 1) and prints a comparison table last (it replaces t
 and --compare cases). --nvfp4 times the NVFP4 tensor-core family (`gemv_mma_nvfp4_*`, weights in
 `tile16-nvfp4-v1`), each of its members and the tuning shapes against the CUDA-core NVFP4 GEMV
 (`gemv_nvfp4_t1*`, the payload as is) on the 27B NVFP4 shapes, and prints its own table last.
+--probe times, on the 27B stream-K shapes, the default stream-K member against its probes (wrong
+results, timing only): `_probe_nochain` (no unit counters / finishing read-back at the end of a run)
+and `_probe_empty` (x staged, nothing streamed: a launch's fixed cost), and prints what each part
+costs per launch.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from inferno.kernels.gemv_variants import GemvQ, make_variant, variant_name  # n
 from inferno.kernels.tiled import tile  # noqa: E402
 
 SHAPES = {"gate_up": (34816, 5120), "down": (5120, 17408), "qkv": (12288, 5120), "head": (248320, 5120),
+          "qkvz": (16384, 5120),
           "value_z": (12288, 5120), "query_key": (4096, 5120), "gdn_out": (5120, 6144), "attn_qk": (7168, 5120)}
 LAYER_SHAPES = ("gate_up", "down", "qkv")  # the default and --compare cases
 # --mma: (shape, epilogue) per format (the head: Q6 only)
@@ -177,6 +183,8 @@ def main() -> None:
                     help="T = 1 on the 27B shapes: CUDA-core, tensor-core family, x-in-shared-memory members")
     ap.add_argument("--nvfp4", action="store_true",
                     help="T = 1 on the 27B shapes, NVFP4: CUDA-core GEMV vs the tensor-core family and members")
+    ap.add_argument("--probe", action="store_true",
+                    help="stream-K members vs their probes (no flush chain; no stream) on the 27B shapes")
     a = ap.parse_args()
     if a.nvfp4:
         nvfp4_main(a)
@@ -187,6 +195,8 @@ def main() -> None:
     if a.xs:
         a.mma = True
         extra = xs_cases()
+    if a.probe:
+        extra = probe_cases()
     if a.build:
         from inferno.kernels.build import build_all
 
@@ -257,6 +267,34 @@ def main() -> None:
               f"{r['floor_us']:.1f} | {r['gbps']:.0f} | {r['pct_copy']:.0f} |")
     if a.mma:
         print_mma_table(rows_out, copy)
+    if a.probe:
+        print_probe_table(rows_out)
+
+
+PROBE_COMBOS = (("Q4G64_F16S", "gate_up", "swiglu"), ("Q5G64_F16S", "down", "residual"),
+                ("Q5G64_F16S", "qkvz", "plain"), ("Q5G64_F16S", "gdn_out", "residual"))
+
+
+def probe_cases() -> list:
+    """The 27B decode's stream-K GEMVs (gate_up, down, the merged GDN q|k|v|z, the GDN output): the
+    default member and its two probes."""
+    return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
+            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)]
+
+
+def print_probe_table(rows: list) -> None:
+    """Per shape: us per launch of the member, the flush chain (member - nochain), the fixed cost of a
+    launch that streams nothing (empty) and what streaming leaves over the copy floor."""
+    by = {(r["shape"], r["variant"].split("_probe_")[1] if "_probe_" in r["variant"] else ""): r for r in rows}
+    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us |")
+    print("|---|---|---|---|---|")
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        full, chain, empty = (by.get((shape, p)) for p in ("", "nochain", "empty"))
+        if not (full and chain and empty):
+            continue
+        rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
+        print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
+              f"{empty['us']:.1f} | {rest:.1f} |")
 
 
 def mma_cases(tune: bool) -> list:
