@@ -117,16 +117,22 @@ class GemvMmaSK(GemvMma):
     `probe` (tools/bench_gemv.py --probe, never the executor): "nochain" adds the row sums into ws but
     skips the unit counters and the finishing warps' read-back and epilogue (the flush's dependent L2
     round trips at the end of a run); "empty" stages x and exits (a launch's fixed cost: PDL wait, x
-    staging, the ring's first loads, no stream)."""
+    staging, the ring's first loads, no stream).
+
+    `defer`: a unit end adds the sums and issues the counter atomic, but the warp looks at its result (and
+    finishes the unit if it completed it) only at its next unit end or after its run, so the atomic's round
+    trip overlaps streaming. `resident`: registers capped for that many CTAs per SM (0: `ctas`), so the next
+    kernel's CTA (PDL) can become resident and issue its first loads while this one streams."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = ""):
+                 probe: str = "", defer: bool = False, resident: int = 0):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
-        self.probe = probe
+        self.probe, self.defer = probe, defer
+        self.resident = resident or ctas  # CTAs per SM the register cap leaves room for
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
@@ -136,7 +142,7 @@ class GemvMmaSK(GemvMma):
     def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
                  mN: cute.Tensor, eps, stream: cuda.CUstream):
         self.kernel(mW, mX, mR, mY, mWs, mN, eps).launch(grid=(264, 1, 1), block=(self.threads, 1, 1),
-                                                         stream=stream, min_blocks_per_mp=self.ctas,
+                                                         stream=stream, min_blocks_per_mp=self.resident,
                                                          preferred_smem_carveout=-1)
 
     @cute.kernel
@@ -234,6 +240,7 @@ class GemvMmaSK(GemvMma):
         u = b0 // npairs  # compute cursor
         p = b0 - u * npairs
         seg = cutlass.Int32(0)
+        pu, pold, pseg = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)  # the unit end not yet looked at (defer)
         for rd in cutlass.range((n + S - 1) // S, unroll=1):
             for s in cutlass.range_constexpr(S):
                 i = rd * S + s
@@ -258,12 +265,21 @@ class GemvMmaSK(GemvMma):
                     seg = seg + 1
                     p = p + 1
                     if p == npairs or i == n - 1:
-                        self._flush(geo, sl, acc, u, seg, mR, mY)
+                        old = self._add(geo, sl, acc, u, seg, mY)
+                        if cutlass.const_expr(self.defer):
+                            if pseg > 0:
+                                self._finish(geo, pu, pold, pseg, mR, mY)
+                            pu, pold, pseg = u, old, seg
+                        else:
+                            self._finish(geo, u, old, seg, mR, mY)
                         acc.fill(0.0)
                         seg = cutlass.Int32(0)
                         if p == npairs:
                             p = cutlass.Int32(0)
                             u = u + 1
+        if cutlass.const_expr(self.defer):
+            if pseg > 0:
+                self._finish(geo, pu, pold, pseg, mR, mY)
 
     def _ring_addr(self, geo, nb, st, b):
         """Shared address of slot b of ring stage st of this warp (lane offsets added by the callers)."""
@@ -314,9 +330,11 @@ class GemvMmaSK(GemvMma):
         self._load_tiles(w_ptr, self._tiles(u, m, n_tiles), ngr, high, scale, lane, bufs, sl, p, st)
 
     @cute.jit
-    def _flush(self, geo, sl, acc, u, seg, mR, mY):
-        """Add this warp's sums of unit u (seg pairs) into ws; the warp completing the unit finishes it."""
-        npairs, lane, m, n_tiles, n_w, cnt, part = geo[2], geo[5], geo[7], geo[8], geo[9], geo[10], geo[11]
+    def _add(self, geo, sl, acc, u, seg, mY):
+        """Add this warp's sums of unit u (seg pairs) into ws, then (lane 0) seg into the unit's counter;
+        returns the counter's previous value (lane 0's; 0 elsewhere and in the `nochain` probe)."""
+        m, n_tiles, n_w, cnt, part = geo[7], geo[8], geo[9], geo[10], geo[11]
+        lane = geo[5]
         t_rows = cute.size(mY, mode=[0])
         g, t = lane // 4, lane % 4
         tiles = self._tiles(u, m, n_tiles)
@@ -329,11 +347,20 @@ class GemvMmaSK(GemvMma):
                         for col in cutlass.range_constexpr(self.cols):
                             if col < t_rows:
                                 _red_add(part + (col * n_w + row) * 4, acc[2 * h + col, sl[b]])
-        if cutlass.const_expr(self.probe != "nochain"):  # the counter, then the finishing warp's read-back
+        old = cutlass.Int32(0)
+        if cutlass.const_expr(self.probe != "nochain"):
             cute.arch.sync_warp()
-            old = cutlass.Int32(0)
             if lane == 0:
                 old = _count(cnt + u * 4, seg)
+        return old
+
+    @cute.jit
+    def _finish(self, geo, u, old, seg, mR, mY):
+        """If the counter of unit u read `old` (lane 0) before this warp's seg pairs: the warp completed the
+        unit, so it reads the sums back (zeroing them), applies the epilogue, stores y, zeroes the counter."""
+        npairs, lane, m, n_w, cnt, part = geo[2], geo[5], geo[7], geo[9], geo[10], geo[11]
+        t_rows = cute.size(mY, mode=[0])
+        if cutlass.const_expr(self.probe != "nochain"):  # the counter, then the finishing warp's read-back
             old = cute.arch.shuffle_sync(old, offset=0)
             if old + seg == npairs:  # the last contribution: this warp finishes unit u
                 cute.arch.fence_acq_rel_gpu()

@@ -202,6 +202,8 @@ def main() -> None:
 
         fam = {f"{v}_k{kw}" for v, _, _ in extra if isinstance(v, str) for kw in mv.KW}
         vs = [v for v, _, _ in extra if not isinstance(v, str)] + [mv.gemv_mma_variant(nm) for nm in sorted(fam)]
+        if a.probe:
+            vs = probe_builds()
         build_all(list({v.name: v for v in vs}.values()), ["sm_90a"], Path(a.build))
         return
     dev = Device.open()
@@ -212,7 +214,7 @@ def main() -> None:
     log(f"device {dev.name}  copy bandwidth {copy:.0f} GB/s (1 GiB D2D, read + write); PDL {'on' if a.pdl else 'off'}")
     cols_list = (1, 8) if a.quick else (1, 2, 4, 8)
     cases = []  # (label, kernel, fmt, shape)
-    for fmt in ([] if a.mma else FMT_SHORT):
+    for fmt in ([] if a.mma or a.probe else FMT_SHORT):
         for shape in LAYER_SHAPES:
             for cols in cols_list:
                 cases.append((variant_name(fmt, "plain", cols), fmt, shape, cols, None))
@@ -277,24 +279,39 @@ PROBE_COMBOS = (("Q4G64_F16S", "gate_up", "swiglu"), ("Q5G64_F16S", "down", "res
 
 def probe_cases() -> list:
     """The 27B decode's stream-K GEMVs (gate_up, down, the merged GDN q|k|v|z, the GDN output): the
-    default member and its two probes."""
+    default member, its two probes and the boundary variants (those of every Q4-Q6 epilogue are built
+    with --build, for the GPU test)."""
     return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
-            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)]
+            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi) + mv.boundary_variants(fmt, epi)]
+
+
+def probe_builds() -> list:
+    """What --build --probe builds: the probe cases and every Q4-Q6 boundary variant."""
+    return [c[0] for c in probe_cases()] + [v for fmt in ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")
+                                            for epi in ("plain", "residual", "swiglu")
+                                            for v in mv.boundary_variants(fmt, epi)]
 
 
 def print_probe_table(rows: list) -> None:
     """Per shape: us per launch of the member, the flush chain (member - nochain), the fixed cost of a
-    launch that streams nothing (empty) and what streaming leaves over the copy floor."""
-    by = {(r["shape"], r["variant"].split("_probe_")[1] if "_probe_" in r["variant"] else ""): r for r in rows}
-    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us |")
-    print("|---|---|---|---|---|")
+    launch that streams nothing (empty), what streaming leaves over the copy floor, and the boundary
+    variants (counter looked at later; registers for 2 CTAs per SM; both)."""
+    def tag(v: str) -> str:
+        v = v.partition("_sk")[2]
+        return v.replace("_probe_", "").lstrip("_")
+
+    by = {(r["shape"], tag(r["variant"])): r for r in rows if "_sk" in r["variant"]}
+    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us "
+          "| defer us | r2 us | defer r2 us |")
+    print("|---|---|---|---|---|---|---|---|")
     for shape in dict.fromkeys(r["shape"] for r in rows):
         full, chain, empty = (by.get((shape, p)) for p in ("", "nochain", "empty"))
         if not (full and chain and empty):
             continue
         rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
+        alt = " | ".join(f"{by[(shape, t)]['us']:.1f}" if (shape, t) in by else "-" for t in ("defer", "r2", "defer_r2"))
         print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
-              f"{empty['us']:.1f} | {rest:.1f} |")
+              f"{empty['us']:.1f} | {rest:.1f} | {alt} |")
 
 
 def mma_cases(tune: bool) -> list:

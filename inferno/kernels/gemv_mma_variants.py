@@ -172,10 +172,12 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "") -> Variant:
+                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
+                    defer: bool = False, resident: int = 0) -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
     SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
-    `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py)."""
+    `_defer` looks at a unit's counter at the next unit end, `_r<n>` caps registers for n CTAs per SM
+    (cute_kernels/gemv_mma_sk.py); `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>`."""
     _, bits, group = FORMATS[fmt]
     if bits == 8 or cols != 1:
         raise LaunchError("stream-K GEMV: Q4-Q6 at T = 1 only")
@@ -187,6 +189,10 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
+    if defer:
+        name += "_defer"
+    if resident:
+        name += f"_r{resident}"
     if probe:
         name += f"_probe_{probe}"
     w, x, r, y = gemv_tensors(epilogue)
@@ -195,7 +201,8 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"probe": probe} if probe else {})),
+                    **({"probe": probe} if probe else {}), **({"defer": True} if defer else {}),
+                    **({"resident": resident} if resident else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws, *norm_tensors(norm)), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
@@ -227,6 +234,12 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
     regs = ([make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=w, cpa=False) for c, w in ((1, 16), (2, 8))]
             + [make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=4, cpa=False) for c in (2, 3, 4)])
     return ring + regs
+
+
+def boundary_variants(fmt: str, epilogue: str) -> list[Variant]:
+    """Stream-K shapes that shorten a launch's boundary (benchmark): the counter looked at one unit end
+    later (`defer`), registers capped for 2 CTAs per SM (`resident`: the next kernel's CTA fits), both."""
+    return [make_sk_variant(fmt, epilogue, defer=d, resident=r) for d, r in ((True, 0), (False, 2), (True, 2))]
 
 
 def probe_variants(fmt: str, epilogue: str) -> list[Variant]:
