@@ -211,3 +211,15 @@ def test_command_records_the_ab_switches_set(monkeypatch):
     monkeypatch.setenv("INFERNO_BRANCHES", "0")
     assert _command("m.ninfer", "cuda", s, "", True, False).startswith(
         "INFERNO_TILED=head INFERNO_BRANCHES=0 inferno bench m.ninfer --device cuda")
+
+
+def test_full_context_runs_with_a_shorter_prompt(capsys):
+    """A context equal to the model's positions runs with the prompt shortened by the decode tokens;
+    longer ones are skipped."""
+    from inferno.bench.runner import BenchSettings
+    from inferno.cli.bench import _fit_positions
+
+    s, skipped = _fit_positions(BenchSettings(7680, 128, (65536, 262144, 300000), 1, 0, 1024), 262144)
+    assert s.contexts == (65536, 262016) and s.max_tokens == 262144
+    assert skipped == [{"prompt_tokens": 300000, "reason": "exceeds the model's 262144 positions"}]
+    assert "prompt 262016 tokens, so that 128 decode tokens end at context 262144" in capsys.readouterr().err

@@ -174,14 +174,25 @@ def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool, model: tup
 
 
 def _fit_positions(settings: BenchSettings, max_position: int) -> tuple[BenchSettings, list[dict]]:
-    """Drop contexts longer than the model's positions (the prompt length itself must fit)."""
+    """Drop contexts longer than the model's positions (the prompt length itself must fit); a context
+    that fits but leaves no room for the decode tokens (262,144 on a 262,144-position model) runs with
+    the prompt shortened so that decoding ends at that context."""
     d = settings.decode_tokens
     if settings.prompt_tokens + d > max_position:
         raise UsageError(f"--prompt-tokens {settings.prompt_tokens} + --decode-tokens {d} exceeds the model's "
                          f"{max_position} positions")
-    too_long = [c for c in settings.contexts if c + d > max_position]
+    too_long = [c for c in settings.contexts if c > max_position or max_position - d < 1]
     skipped = [{"prompt_tokens": c, "reason": f"exceeds the model's {max_position} positions"} for c in too_long]
-    return replace(settings, contexts=tuple(c for c in settings.contexts if c not in too_long)), skipped
+    kept = []
+    for c in settings.contexts:
+        if c in too_long:
+            continue
+        if c + d > max_position:
+            _log(f"--contexts {c}: prompt {c - d} tokens, so that {d} decode tokens end at context {c} "
+                 f"(the model's {max_position} positions)")
+            c -= d
+        kept.append(c)
+    return replace(settings, contexts=tuple(kept)), skipped
 
 
 def _given(value: int | None, default: int) -> int:
