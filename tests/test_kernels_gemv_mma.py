@@ -407,3 +407,45 @@ def test_builds(name, arch, tmp_path):
     assert (tmp_path / arch / f"{name}.cubin").stat().st_size > 1000
     assert m.block == [32 * v.config["warps"], 1, 1]
     assert [p.name for p in m.params] == [a.name for a in v.args if a is not None]
+
+
+@pytest.mark.parametrize("units,pairs,ctas", [(1088, 40, 132), (320, 136, 132), (1024, 40, 132), (320, 48, 132),
+                                              (63, 2, 2), (5, 1, 3), (3, 200, 7), (40, 8, 132), (1, 1, 1)])
+def test_cta_pieces_cover_every_block_once(units, pairs, ctas):
+    """cta_reduce's split (cute_kernels/gemv_mma_sk.cta_pieces): over all CTAs and warps every (unit, pair)
+    block is streamed once; pieces A / B lie in the CTA's first / last unit, which it shares with a
+    neighbour, and their counts (L1, L2) are what the CTA adds to those units' counters, so each unit's
+    counter reaches `pairs`; internal units lie whole inside one CTA; `cta_units` bounds the units a CTA
+    touches."""
+    from cute_kernels.gemv_mma_sk import cta_pieces
+
+    warps, nblk = 16, units * pairs
+    seen = np.zeros(nblk, np.int32)
+    counted = np.zeros(units, np.int64)
+    internal = np.zeros(units, np.int32)
+    most = 0
+    for c in range(ctas):
+        b0, b1 = c * nblk // ctas, (c + 1) * nblk // ctas
+        if b0 == b1:
+            continue
+        most = max(most, (b1 - 1) // pairs - b0 // pairs + 1)
+        for w in range(warps):
+            l1, l2, p, q, a0, na, xb0, nb, c0, nc = cta_pieces(b0, b1, pairs, w, warps)
+            for b in range(a0, a0 + na):
+                assert b // pairs == b0 // pairs and b < p
+            for b in range(xb0, xb0 + nb):
+                assert b // pairs == (b1 - 1) // pairs and b >= q
+            for b in [*range(a0, a0 + na), *range(xb0, xb0 + nb), *range(c0, c0 + nc)]:
+                seen[b] += 1
+            if w == 0:
+                if l1:
+                    counted[b0 // pairs] += l1
+                if l2:
+                    counted[(b1 - 1) // pairs] += l2
+                assert p % pairs == 0 or p == q and q in (b0 + l1, b1)
+                for u in range(p // pairs, q // pairs):
+                    internal[u] += 1
+                    assert b0 <= u * pairs and (u + 1) * pairs <= b1
+    assert (seen == 1).all()
+    assert ((counted == pairs) ^ (internal == 1)).all()  # each unit: shared (counted) or internal, not both
+    assert mv.cta_units(16 * units, 128 * pairs, ctas) == most

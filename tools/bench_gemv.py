@@ -295,21 +295,21 @@ def probe_builds() -> list:
 def print_probe_table(rows: list) -> None:
     """Per shape: us per launch of the member, the flush chain (member - nochain), the fixed cost of a
     launch that streams nothing (empty), what streaming leaves over the copy floor, and the boundary
-    variants (counter looked at later; registers for 2 CTAs per SM; both)."""
+    variants (counter looked at later; registers for 2 CTAs per SM; both; units summed per CTA in shared memory)."""
     def tag(v: str) -> str:
         v = v.partition("_sk")[2]
         return v.replace("_probe_", "").lstrip("_")
 
     by = {(r["shape"], tag(r["variant"])): r for r in rows if "_sk" in r["variant"]}
     print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us "
-          "| defer us | r2 us | defer r2 us |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| defer us | r2 us | defer r2 us | cta-reduced us |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for shape in dict.fromkeys(r["shape"] for r in rows):
         full, chain, empty = (by.get((shape, p)) for p in ("", "nochain", "empty"))
         if not (full and chain and empty):
             continue
         rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
-        alt = " | ".join(f"{by[(shape, t)]['us']:.1f}" if (shape, t) in by else "-" for t in ("defer", "r2", "defer_r2"))
+        alt = " | ".join(f"{by[(shape, t)]['us']:.1f}" if (shape, t) in by else "-" for t in ("defer", "r2", "defer_r2", "cr"))
         print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
               f"{empty['us']:.1f} | {rest:.1f} | {alt} |")
 

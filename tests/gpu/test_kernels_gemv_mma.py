@@ -7,6 +7,8 @@ inputs, poisoned outputs with a guard tail. Cubins come from $INFERNO_KERNEL_DIR
 (`python -m inferno.kernels.gemv_mma_variants DIR`).
 """
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import device_alloc
 from inferno.kernels import gemv_mma_variants as mv
 from inferno.kernels import qlayout as ql
-from inferno.kernels.cache import load
+from inferno.kernels.cache import load, stale_reason
 from inferno.kernels.reference import BF16_TOL, bf16, rel_error
 from inferno.kernels.tiled import tile
 from gemv_check import check_gemv
@@ -102,10 +104,6 @@ EPILOGUE_NAMES = ("plain", "swiglu", "residual")
 def test_alternatives(device, rng, fmt, cols):
     """The benchmark's other kernel shapes (x loaded when needed, two tiles per warp) compute the same.
     They are not registry variants: build them with `python tools/bench_gemv.py --build DIR --mma --mma-tune`."""
-    import importlib.util
-
-    from inferno.kernels.cache import stale_reason
-
     missing = [v.name for epi in EPILOGUE_NAMES for v in mv.alternatives(fmt, epi, cols)
                if stale_reason(v, device.arch) is not None]
     if missing and importlib.util.find_spec("cutlass") is None:  # no DSL here to build them on demand
@@ -171,10 +169,6 @@ def test_norm_members(device, rng, fmt):
 def test_fast_alternatives(device, rng, fmt):
     """The benchmark's other xs / stream-K shapes (K splits, stages, CTAs per SM) compute the same.
     Build them with `python tools/bench_gemv.py --build DIR --xs`."""
-    import importlib.util
-
-    from inferno.kernels.cache import stale_reason
-
     registered = {v.name for v in mv.GEMV_MMA_VARIANTS}
     vs = [v for epi in EPILOGUE_NAMES for v in mv.xs_variants(fmt, epi, 1) + mv.sk_variants(fmt, epi)
           if v.name not in registered]
@@ -189,10 +183,6 @@ def test_fast_alternatives(device, rng, fmt):
 def test_boundary_variants(device, rng, fmt):
     """The stream-K shapes that shorten a launch's boundary (counter looked at later; registers for 2 CTAs
     per SM) compute the same. Build them with `python tools/bench_gemv.py --build $INFERNO_KERNEL_DIR --probe`."""
-    import importlib.util
-
-    from inferno.kernels.cache import stale_reason
-
     vs = [v for epi in EPILOGUE_NAMES for v in mv.boundary_variants(fmt, epi)]
     missing = [v.name for v in vs if stale_reason(v, device.arch) is not None]
     if missing and importlib.util.find_spec("cutlass") is None:
@@ -201,11 +191,15 @@ def test_boundary_variants(device, rng, fmt):
     _run_fast(device, rng, fmt, vs)
 
 
+@pytest.mark.parametrize("cta_reduce", [False, True])
 @pytest.mark.parametrize("epi", EPILOGUE_NAMES)
-def test_sk_workspace_cleans_itself(device, rng, epi):
+def test_sk_workspace_cleans_itself(device, rng, epi, cta_reduce):
     """Repeated launches on the same output buffer (one workspace) stay right: each leaves it zeroed."""
     fmt, (n, k) = "Q4G64_F16S", RAGGED
-    kern = mv.GemvMmaSK(load(mv.make_sk_variant(fmt, epi), device))
+    v = mv.make_sk_variant(fmt, epi, cta_reduce=cta_reduce)
+    if cta_reduce and stale_reason(v, device.arch) is not None and importlib.util.find_spec("cutlass") is None:
+        pytest.skip(f"{v.name} not built: python tools/bench_gemv.py --build $INFERNO_KERNEL_DIR --probe")
+    kern = mv.GemvMmaSK(load(v, device))
     pay, dw = weights(fmt, n, k, rng)
     m = n // 2 if epi == "swiglu" else n
     dx, dy = device_alloc(2 * k, "x"), device_alloc(2 * m, "y")
