@@ -9,12 +9,14 @@ one class of operations left out and times replays of body + head (CUDA events a
 replays of the same step). Each row: the step without that class ("drop": its cost on the critical
 path, all launches of the class together) and the step with only that class ("only": those launches
 back to back as the graph orders them). Classes are an operation and its weight's role, as the kernel
-table names them ("gemv mlp/gate_up", "gdn_conv_step", "attention", "linear_bf16 gdn/a_b_projection").
+table names them ("gemv mlp/gate_up", "gdn_conv_step", "attention", "linear_bf16 gdn/a_b_projection"), and
+"branches": the side stream's fork and join (left out: the side branch's launches run on the main stream).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections import Counter
@@ -51,6 +53,10 @@ class Filtering:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._ops, name)
+        if name in ("side", "join"):  # the side branch's fork and join: class "branches"
+            self.seen["branches"] += name == "side"
+            if not self._keep("branches"):
+                return contextlib.nullcontext if name == "side" else (lambda: None)
         if name.startswith("_") or name in NOT_WORK or not callable(attr):
             return attr
 
