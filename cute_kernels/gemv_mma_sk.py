@@ -96,83 +96,6 @@ def _zero(addr, *, loc=None, ip=None):
             loc, ip)
 
 
-@dsl_user_op
-def _red_shared(addr, v, *, loc=None, ip=None):
-    """*addr += v (fp32, shared)."""
-    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip), cutlass.Float32(v).ir_value(loc=loc, ip=ip)],
-            "red.shared.add.f32 [$0], $1;", "r,f", loc, ip)
-
-
-@dsl_user_op
-def _count_shared(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
-    """old = *addr; *addr += v (u32, shared)."""
-    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip),
-                                          cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
-                                 "atom.shared.add.u32 $0, [$1], $2;", "=r,r,r", loc, ip))
-
-
-@dsl_user_op
-def _fence_cta(*, loc=None, ip=None):
-    """Orders this thread's shared-memory accesses for the CTA (acquire-release)."""
-    _asm_se(None, [], "fence.acq_rel.cta;", "", loc, ip)
-
-
-@dsl_user_op
-def _lds_f32(addr, *, loc=None, ip=None) -> cutlass.Float32:
-    """One fp32 from shared address addr."""
-    return cutlass.Float32(_asm_se(T.f32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
-                                   "ld.shared.f32 $0, [$1];", "=f,r", loc, ip))
-
-
-@dsl_user_op
-def _sts_zero(addr, *, loc=None, ip=None):
-    """*addr = 0 (u32, shared)."""
-    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], "st.shared.u32 [$0], 0;", "r", loc, ip)
-
-
-UNITS_MAX = 72  # cta_reduce: output units one CTA's block range may touch (its shared-memory sums)
-
-
-def cta_pieces(b0, b1, npairs, w, warps):
-    """cta_reduce: how a CTA's blocks b0 .. b1 - 1 split. The unit the range starts inside (shared with
-    an earlier CTA) has L1 blocks here, the unit it ends inside (shared with a later one) L2, the whole
-    units between are internal: [p, q). Warp w streams, in order, piece A (its share of the L1 + L2
-    shared blocks that lie in the first unit: blocks a0 .., nA of them), piece B (its share in the last
-    unit: xb0 .., nB) and piece C (its share of the internal blocks: c0 .., nC). Plain integer
-    arithmetic (Python ints or DSL Int32), so the CPU test runs it. Returns (L1, L2, p, q, a0, nA, xb0,
-    nB, c0, nC)."""
-    u_first = b0 // npairs
-    u_last = (b1 - 1) // npairs
-    pre = _b(b0 - u_first * npairs != 0)
-    post = _b(b1 - u_last * npairs != 0)
-    l1 = pre * (_mn(b1, (u_first + 1) * npairs) - b0)
-    p = b0 + l1
-    l2 = post * (b1 - _mx(p, u_last * npairs))
-    q = b1 - l2
-    ls = l1 + l2
-    j0 = w * ls // warps
-    j1 = (w + 1) * ls // warps
-    n_a = _mx(0, _mn(j1, l1) - j0)
-    jb = _mx(j0, l1)
-    n_b = _mx(0, j1 - jb)
-    li = q - p
-    c0 = p + w * li // warps
-    n_c = p + (w + 1) * li // warps - c0
-    return l1, l2, p, q, b0 + j0, n_a, q + jb - l1, n_b, c0, n_c
-
-
-def _b(c):
-    return cutlass.Int32(c) if not isinstance(c, bool) else int(c)
-
-
-def _mn(a, b):
-    return cutlass.min(a, b) if isinstance(a, cutlass.Int32) or isinstance(b, cutlass.Int32) else min(a, b)
-
-
-def _mx(a, b):
-    return cutlass.max(a, b) if isinstance(a, cutlass.Int32) or isinstance(b, cutlass.Int32) else max(a, b)
-
-
 def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     """1 when weight row `row` (of `tile`, in tile slot `slot` of unit u, whose slots hold `tiles`) is one
     unit u adds into ws, else 0 (Python ints or DSL Int32, `as_int` turning a comparison into 0 / 1)."""
@@ -194,25 +117,16 @@ class GemvMmaSK(GemvMma):
     `probe` (tools/bench_gemv.py --probe, never the executor): "nochain" adds the row sums into ws but
     skips the unit counters and the finishing warps' read-back and epilogue (the flush's dependent L2
     round trips at the end of a run); "empty" stages x and exits (a launch's fixed cost: PDL wait, x
-    staging, the ring's first loads, no stream).
-
-    `defer`: a unit end adds the sums and issues the counter atomic, but the warp looks at its result (and
-    finishes the unit if it completed it) only at its next unit end or after its run, so the atomic's round
-    trip overlaps streaming. `resident`: registers capped for that many CTAs per SM (0: `ctas`), so the next
-    kernel's CTA (PDL) can become resident and issue its first loads while this one streams."""
+    staging, the ring's first loads, no stream)."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", defer: bool = False, resident: int = 0, cta_reduce: bool = False):
+                 probe: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
-        self.probe, self.defer, self.cta_reduce = probe, defer, cta_reduce
-        if cta_reduce and (cols != 1 or probe or defer):
-            raise ValueError("cta_reduce: T = 1, no probe, no defer")
-        self.rpu = 32 if epilogue == "swiglu" else 16  # cta_reduce: fp32 sums per unit (gate + up rows)
-        self.resident = resident or ctas  # CTAs per SM the register cap leaves room for
+        self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
@@ -222,7 +136,7 @@ class GemvMmaSK(GemvMma):
     def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
                  mN: cute.Tensor, eps, stream: cuda.CUstream):
         self.kernel(mW, mX, mR, mY, mWs, mN, eps).launch(grid=(264, 1, 1), block=(self.threads, 1, 1),
-                                                         stream=stream, min_blocks_per_mp=self.resident,
+                                                         stream=stream, min_blocks_per_mp=self.ctas,
                                                          preferred_smem_carveout=-1)
 
     @cute.kernel
@@ -254,26 +168,7 @@ class GemvMmaSK(GemvMma):
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
                self._out_scale(mW, n_tiles, ngr))
-        if cutlass.const_expr(self.cta_reduce):  # the CTA's blocks, and shared-memory sums for its units
-            c0 = cutlass.Int32(cutlass.Int64(bidx) * nblk // nctas)
-            c1 = cutlass.Int32(cutlass.Int64(bidx + 1) * nblk // nctas)
-            crs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((UNITS_MAX * self.rpu + 4,)),
-                                       byte_alignment=16)
-            cr0 = crs.iterator.toint()
-            for i in cutlass.range((UNITS_MAX * self.rpu + 4 + self.threads - 1) // self.threads, unroll=1):
-                e = i * self.threads + tidx
-                if e < UNITS_MAX * self.rpu + 4:
-                    _sts_zero(cr0 + 4 * e)
-            pieces = cta_pieces(c0, c1, npairs, warp, self.warps)
-            crd = (cr0, c0, c1, pieces)
-            if cutlass.const_expr(self.epilogue == "swiglu"):
-                if m % 16 == 0:
-                    self._run_cr(geo, (0, 1), xsd, mR, mY, crd)
-                else:
-                    self._run_cr(geo, (0, 1, 2), xsd, mR, mY, crd)
-            else:
-                self._run_cr(geo, (0,), xsd, mR, mY, crd)
-        elif cutlass.const_expr(self.epilogue == "swiglu"):
+        if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
             else:
@@ -339,7 +234,6 @@ class GemvMmaSK(GemvMma):
         u = b0 // npairs  # compute cursor
         p = b0 - u * npairs
         seg = cutlass.Int32(0)
-        pu, pold, pseg = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)  # the unit end not yet looked at (defer)
         for rd in cutlass.range((n + S - 1) // S, unroll=1):
             for s in cutlass.range_constexpr(S):
                 i = rd * S + s
@@ -364,197 +258,12 @@ class GemvMmaSK(GemvMma):
                     seg = seg + 1
                     p = p + 1
                     if p == npairs or i == n - 1:
-                        old = self._add(geo, sl, acc, u, seg, mY)
-                        if cutlass.const_expr(self.defer):
-                            if pseg > 0:
-                                self._finish(geo, pu, pold, pseg, mR, mY)
-                            pu, pold, pseg = u, old, seg
-                        else:
-                            self._finish(geo, u, old, seg, mR, mY)
+                        self._flush(geo, sl, acc, u, seg, mR, mY)
                         acc.fill(0.0)
                         seg = cutlass.Int32(0)
                         if p == npairs:
                             p = cutlass.Int32(0)
                             u = u + 1
-        if cutlass.const_expr(self.defer):
-            if pseg > 0:
-                self._finish(geo, pu, pold, pseg, mR, mY)
-
-    @cute.jit
-    def _run_cr(self, geo, sl, xsd, mR, mY, crd):
-        """cta_reduce: stream this warp's pieces A, B (its share of the CTA's blocks in the two units the
-        CTA shares with its neighbours) then C (its share of the internal units' blocks). Unit ends add
-        into the CTA's shared-memory sums; a shared unit's last warp in the CTA adds the CTA's sums into
-        ws and finishes the unit if the CTA completed it (early in the run, so the L2 round trips overlap
-        the stream); after the stream one barrier, then the CTA finishes its internal units from shared
-        memory."""
-        npairs, lane = geo[2], geo[5]
-        cr0, cb0, cb1, pieces = crd
-        l1, l2, p_in, q_in, a0, n_a, xb0, n_b, c0, n_c = pieces
-        S, nb = self.stages, len(sl)
-        if cutlass.const_expr(self.cpa):
-            S = self.ring_slots // nb
-        n = n_a + n_b + n_c
-        nab = n_a + n_b
-        wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)
-        hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
-        sb = cute.make_rmem_tensor((2, nb, S), cutlass.Int32)
-        wb.fill(0)
-        hbuf.fill(0)
-        sb.fill(0)
-        if cutlass.const_expr(self.cpa):
-            wb = cute.make_rmem_tensor((4, 2, nb, 1), cutlass.Int32)
-            hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, 1), cutlass.Int32)
-            sb = cute.make_rmem_tensor((2, nb, 1), cutlass.Int32)
-        bufs = (wb, hbuf, sb, sb)
-        ua, pa = a0 // npairs, a0 - a0 // npairs * npairs  # piece starts as (unit, pair)
-        ub, pb = xb0 // npairs, xb0 - xb0 // npairs * npairs
-        uc, pc = c0 // npairs, c0 - c0 // npairs * npairs
-        lu, lp = ua, pa  # load cursor of block li
-        if n_a == 0:
-            lu, lp = ub, pb
-        if nab == 0:
-            lu, lp = uc, pc
-        li = cutlass.Int32(0)
-        for st in cutlass.range_constexpr(S - 1):
-            if li < n:
-                if cutlass.const_expr(self.cpa):
-                    self._load_cpa(geo, sl, lu, lp, st)
-                else:
-                    self._load(geo, bufs, sl, lu, lp, st)
-            if cutlass.const_expr(self.cpa):
-                cute.arch.cp_async_commit_group()
-            lu, lp, li = self._advance(lu, lp, li, npairs, n_a, nab, ub, pb, uc, pc)
-        gv = None
-        if cutlass.const_expr(self.norm):
-            gv = self.load_norm_w(xsd, geo[6], geo[1])
-        cute.arch.griddepcontrol_wait()
-        self._stage_x(xsd, geo[6], geo[1], gv)
-        cute.arch.sync_threads()  # x staged, the CTA's sums zeroed
-        xsr = self._xs_lane(xsd, lane)
-        cute.arch.griddepcontrol_launch_dependents()
-
-        ops = DslOps()
-        kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
-        acc = cute.make_rmem_tensor((4, self.slots), cutlass.Float32)
-        acc.fill(0.0)
-        u, p = ua, pa  # compute cursor: block 0
-        if n_a == 0:
-            u, p = ub, pb
-        if nab == 0:
-            u, p = uc, pc
-        u_first = cb0 // npairs
-        seg = cutlass.Int32(0)
-        for rd in cutlass.range((n + S - 1) // S, unroll=1):
-            for s in cutlass.range_constexpr(S):
-                i = rd * S + s
-                if i + S - 1 < n:
-                    if cutlass.const_expr(self.cpa):
-                        self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)
-                    else:
-                        self._load(geo, bufs, sl, lu, lp, (s + S - 1) % S)
-                if cutlass.const_expr(self.cpa):
-                    cute.arch.cp_async_commit_group()
-                    cute.arch.cp_async_wait_group(S - 1)
-                lu, lp, li = self._advance(lu, lp, li, npairs, n_a, nab, ub, pb, uc, pc)
-                if i < n:
-                    if cutlass.const_expr(self.cpa):
-                        self._ring_to_regs(geo, bufs, nb, s)
-                        self._compute(ops, kb, bufs, acc, sl, 0, p, xsr)
-                    else:
-                        self._compute(ops, kb, bufs, acc, sl, s, p, xsr)
-                    seg = seg + 1
-                    if p + 1 == npairs or i + 1 == n_a or i + 1 == nab or i + 1 == n:
-                        # which of the CTA's two shared-unit counters (-1: an internal unit)
-                        which = cutlass.Int32(-1)
-                        if i < nab:
-                            which = cutlass.Int32(0) if i < n_a else cutlass.Int32(1)
-                        self._cr_add(geo, sl, acc, u, u_first, seg, which, l1, l2, cr0, mR, mY)
-                        acc.fill(0.0)
-                        seg = cutlass.Int32(0)
-                    u, p, _ = self._advance(u, p, i, npairs, n_a, nab, ub, pb, uc, pc)
-        cute.arch.sync_threads()  # every warp's internal sums are in shared memory
-        self._cr_epilogue(geo, cr0, p_in // npairs, q_in // npairs, u_first, mR, mY)
-
-    @cute.jit
-    def _advance(self, u, p, i, npairs, n_a, nab, ub, pb, uc, pc):
-        """The (unit, pair) of block i + 1 of this warp's pieces, given block i's; returns it and i + 1."""
-        p = p + 1
-        if p == npairs:
-            p = cutlass.Int32(0)
-            u = u + 1
-        i = i + 1
-        if i == n_a:
-            u, p = ub, pb
-        if i == nab:
-            u, p = uc, pc
-        return u, p, i
-
-    def _cr_row(self, sl, tile, u, row, m):
-        """The unit-local sum index of weight row `row` (gate / plain rows 0..15, up rows 16..31)."""
-        if self.epilogue == "swiglu" and sl != 0:
-            return row - m - 16 * u + 16
-        return row - 16 * u
-
-    @cute.jit
-    def _cr_add(self, geo, sl, acc, u, u_first, seg, which, l1, l2, cr0, mR, mY):
-        """Add this warp's sums of unit u (seg blocks) into the CTA's shared-memory sums; for a shared unit
-        (`which` 0 / 1) count them, and the warp that completes the CTA's part adds it into ws (then
-        finishes the unit if the CTA's part completed it)."""
-        m, n_tiles, n_w = geo[7], geo[8], geo[9]
-        lane = geo[5]
-        g, t = lane // 4, lane % 4
-        tiles = self._tiles(u, m, n_tiles)
-        base = cr0 + (u - u_first) * (self.rpu * 4)
-        if t == 0:
-            for b in cutlass.range_constexpr(len(sl)):
-                tile = tiles[sl[b]]
-                for h in cutlass.range_constexpr(2):
-                    row = 16 * tile + g + 8 * h
-                    if owned(self.epilogue, sl[b], tile, tiles, u, row, m, n_w, cutlass.Int32) != 0:
-                        _red_shared(base + self._cr_row(sl[b], tile, u, row, m) * 4, acc[2 * h, sl[b]])
-        if which >= 0:
-            _fence_cta()
-            cute.arch.sync_warp()
-            total = l1 if which == 0 else l2
-            ctr = cr0 + UNITS_MAX * self.rpu * 4 + which * 4
-            old = cutlass.Int32(0)
-            if lane == 0:
-                old = _count_shared(ctr, seg)
-            old = cute.arch.shuffle_sync(old, offset=0)
-            if old + seg == total:  # the CTA's part of unit u is complete: into ws
-                _fence_cta()
-                part = geo[11]
-                if lane < self.rpu:
-                    o = 16 * u + lane % 16
-                    row = o if lane < 16 else m + o
-                    if o < m:
-                        _red_add(part + row * 4, _lds_f32(base + lane * 4))
-                gold = cutlass.Int32(0)
-                cute.arch.sync_warp()
-                if lane == 0:
-                    gold = _count(geo[10] + u * 4, total)
-                self._finish(geo, u, gold, total, mR, mY)
-
-    @cute.jit
-    def _cr_epilogue(self, geo, cr0, u0, u1, u_first, mR, mY):
-        """All threads: outputs of the internal units u0 .. u1 - 1 from the CTA's shared-memory sums."""
-        m = geo[7]
-        tidx, _, _ = cute.arch.thread_idx()
-        n_out = (u1 - u0) * 16
-        for it in cutlass.range((n_out + self.threads - 1) // self.threads, unroll=1):
-            e = it * self.threads + tidx
-            o = u0 * 16 + e
-            if e < n_out:
-                if o < m:
-                    base = cr0 + ((o // 16 - u_first) * self.rpu + o % 16) * 4
-                    a = self._unscale(_lds_f32(base), geo[13])
-                    if cutlass.const_expr(self.epilogue == "swiglu"):
-                        up = self._unscale(_lds_f32(base + 64), geo[13])
-                        a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
-                    if cutlass.const_expr(self.epilogue == "residual"):
-                        a = a + mR[0, o].to(cutlass.Float32)
-                    mY[0, o] = a.to(cutlass.BFloat16)
 
     def _ring_addr(self, geo, nb, st, b):
         """Shared address of slot b of ring stage st of this warp (lane offsets added by the callers)."""
@@ -605,11 +314,9 @@ class GemvMmaSK(GemvMma):
         self._load_tiles(w_ptr, self._tiles(u, m, n_tiles), ngr, high, scale, lane, bufs, sl, p, st)
 
     @cute.jit
-    def _add(self, geo, sl, acc, u, seg, mY):
-        """Add this warp's sums of unit u (seg pairs) into ws, then (lane 0) seg into the unit's counter;
-        returns the counter's previous value (lane 0's; 0 elsewhere and in the `nochain` probe)."""
-        m, n_tiles, n_w, cnt, part = geo[7], geo[8], geo[9], geo[10], geo[11]
-        lane = geo[5]
+    def _flush(self, geo, sl, acc, u, seg, mR, mY):
+        """Add this warp's sums of unit u (seg pairs) into ws; the warp completing the unit finishes it."""
+        npairs, lane, m, n_tiles, n_w, cnt, part = geo[2], geo[5], geo[7], geo[8], geo[9], geo[10], geo[11]
         t_rows = cute.size(mY, mode=[0])
         g, t = lane // 4, lane % 4
         tiles = self._tiles(u, m, n_tiles)
@@ -622,20 +329,11 @@ class GemvMmaSK(GemvMma):
                         for col in cutlass.range_constexpr(self.cols):
                             if col < t_rows:
                                 _red_add(part + (col * n_w + row) * 4, acc[2 * h + col, sl[b]])
-        old = cutlass.Int32(0)
-        if cutlass.const_expr(self.probe != "nochain"):
+        if cutlass.const_expr(self.probe != "nochain"):  # the counter, then the finishing warp's read-back
             cute.arch.sync_warp()
+            old = cutlass.Int32(0)
             if lane == 0:
                 old = _count(cnt + u * 4, seg)
-        return old
-
-    @cute.jit
-    def _finish(self, geo, u, old, seg, mR, mY):
-        """If the counter of unit u read `old` (lane 0) before this warp's seg pairs: the warp completed the
-        unit, so it reads the sums back (zeroing them), applies the epilogue, stores y, zeroes the counter."""
-        npairs, lane, m, n_w, cnt, part = geo[2], geo[5], geo[7], geo[9], geo[10], geo[11]
-        t_rows = cute.size(mY, mode=[0])
-        if cutlass.const_expr(self.probe != "nochain"):  # the counter, then the finishing warp's read-back
             old = cute.arch.shuffle_sync(old, offset=0)
             if old + seg == npairs:  # the last contribution: this warp finishes unit u
                 cute.arch.fence_acq_rel_gpu()

@@ -202,8 +202,6 @@ def main() -> None:
 
         fam = {f"{v}_k{kw}" for v, _, _ in extra if isinstance(v, str) for kw in mv.KW}
         vs = [v for v, _, _ in extra if not isinstance(v, str)] + [mv.gemv_mma_variant(nm) for nm in sorted(fam)]
-        if a.probe:
-            vs = probe_builds()
         build_all(list({v.name: v for v in vs}.values()), ["sm_90a"], Path(a.build))
         return
     dev = Device.open()
@@ -279,39 +277,27 @@ PROBE_COMBOS = (("Q4G64_F16S", "gate_up", "swiglu"), ("Q5G64_F16S", "down", "res
 
 def probe_cases() -> list:
     """The 27B decode's stream-K GEMVs (gate_up, down, the merged GDN q|k|v|z, the GDN output): the
-    default member, its two probes and the boundary variants (those of every Q4-Q6 epilogue are built
-    with --build, for the GPU test)."""
+    default member and its two probes."""
     return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
-            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi) + mv.boundary_variants(fmt, epi)]
-
-
-def probe_builds() -> list:
-    """What --build --probe builds: the probe cases and every Q4-Q6 boundary variant."""
-    return [c[0] for c in probe_cases()] + [v for fmt in ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")
-                                            for epi in ("plain", "residual", "swiglu")
-                                            for v in mv.boundary_variants(fmt, epi)]
+            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)]
 
 
 def print_probe_table(rows: list) -> None:
     """Per shape: us per launch of the member, the flush chain (member - nochain), the fixed cost of a
-    launch that streams nothing (empty), what streaming leaves over the copy floor, and the boundary
-    variants (counter looked at later; registers for 2 CTAs per SM; both; units summed per CTA in shared memory)."""
+    launch that streams nothing (empty) and what streaming leaves over the copy floor."""
     def tag(v: str) -> str:
-        v = v.partition("_sk")[2]
-        return v.replace("_probe_", "").lstrip("_")
+        return v.partition("_sk")[2].replace("_probe_", "")
 
     by = {(r["shape"], tag(r["variant"])): r for r in rows if "_sk" in r["variant"]}
-    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us "
-          "| defer us | r2 us | defer r2 us | cta-reduced us |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us |")
+    print("|---|---|---|---|---|")
     for shape in dict.fromkeys(r["shape"] for r in rows):
         full, chain, empty = (by.get((shape, p)) for p in ("", "nochain", "empty"))
         if not (full and chain and empty):
             continue
         rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
-        alt = " | ".join(f"{by[(shape, t)]['us']:.1f}" if (shape, t) in by else "-" for t in ("defer", "r2", "defer_r2", "cr"))
         print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
-              f"{empty['us']:.1f} | {rest:.1f} | {alt} |")
+              f"{empty['us']:.1f} | {rest:.1f} |")
 
 
 def mma_cases(tune: bool) -> list:

@@ -172,12 +172,10 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
-                    defer: bool = False, resident: int = 0, cta_reduce: bool = False) -> Variant:
+                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "") -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
     SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
-    `_defer` looks at a unit's counter at the next unit end, `_r<n>` caps registers for n CTAs per SM
-    (cute_kernels/gemv_mma_sk.py); `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>`."""
+    `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py)."""
     _, bits, group = FORMATS[fmt]
     if bits == 8 or cols != 1:
         raise LaunchError("stream-K GEMV: Q4-Q6 at T = 1 only")
@@ -189,12 +187,6 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
-    if defer:
-        name += "_defer"
-    if resident:
-        name += f"_r{resident}"
-    if cta_reduce:
-        name += "_cr"
     if probe:
         name += f"_probe_{probe}"
     w, x, r, y = gemv_tensors(epilogue)
@@ -203,8 +195,7 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"probe": probe} if probe else {}), **({"defer": True} if defer else {}),
-                    **({"resident": resident} if resident else {}), **({"cta_reduce": True} if cta_reduce else {})),
+                    **({"probe": probe} if probe else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws, *norm_tensors(norm)), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
@@ -238,28 +229,10 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
     return ring + regs
 
 
-def boundary_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """Stream-K shapes that shorten a launch's boundary (benchmark): the counter looked at one unit end
-    later (`defer`), registers capped for 2 CTAs per SM (`resident`: the next kernel's CTA fits), both."""
-    return ([make_sk_variant(fmt, epilogue, defer=d, resident=r) for d, r in ((True, 0), (False, 2), (True, 2))]
-            + [make_sk_variant(fmt, epilogue, cta_reduce=True)])
-
-
 def probe_variants(fmt: str, epilogue: str) -> list[Variant]:
     """The default stream-K member with its flush chain skipped and with no stream at all (timing probes
     of a launch's fixed cost for `tools/bench_gemv.py --probe`; their outputs are wrong)."""
     return [make_sk_variant(fmt, epilogue, probe=p) for p in ("nochain", "empty")]
-
-
-UNITS_MAX = 72  # cute_kernels/gemv_mma_sk.py UNITS_MAX: output units a cta_reduce CTA sums in shared memory
-
-
-@lru_cache(maxsize=256)
-def cta_units(m: int, k: int, grid: int) -> int:
-    """The most output units one CTA's equal share of the (unit, pair) blocks touches."""
-    units, pairs = -(-m // 16), -(-k // 128)
-    blocks = units * pairs
-    return max((((c + 1) * blocks // grid - 1) // pairs) - (c * blocks // grid) // pairs + 1 for c in range(grid))
 
 
 def sk_workspace_bytes(m: int, n_w: int, cols: int) -> int:
@@ -366,7 +339,7 @@ class GemvMma:
         """The stream-K launcher, or (loaded kernel, outputs per CTA), for m outputs and K = k."""
         blocks = -(-m // 16) * (-(-k // 128))
         kmax = kmax_for(self.norm)
-        if k <= kmax and self.sk is not None and sk_wins(blocks, self.epilogue) and self.sk.fits(m, k):
+        if k <= kmax and self.sk is not None and sk_wins(blocks, self.epilogue):
             return self.sk
         if k <= kmax and self.xs_by_kw:
             return self.xs_by_kw[2 if -(-m // 16) >= XS_KW2_UNITS and 2 in self.xs_by_kw else max(self.xs_by_kw)]
@@ -413,7 +386,6 @@ class GemvMmaSK:
         self.fmt = self._format(c)
         self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
         self.norm = bool(c.get("norm"))
-        self.cta_reduce = bool(c.get("cta_reduce"))
         self._ws: dict[tuple[int, int], DeviceBuffer] = {}
 
 
@@ -446,19 +418,11 @@ class GemvMmaSK:
         blocks = -(-m // 16) * (-(-k // 128))
         return max(1, min(self.loaded.sm_count * self.ctas, -(-blocks // (self.warps * SK_MIN_BLOCKS))))
 
-    def fits(self, m: int, k: int) -> bool:
-        """Whether a launch for m outputs and K = k fits the member (a `cta_reduce` CTA sums at most
-        UNITS_MAX output units in shared memory)."""
-        return not self.cta_reduce or cta_units(m, k, self.grid(m, k)) <= UNITS_MAX
-
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
                  stream: Any = None) -> None:
         if k > self.kmax:
             raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
-        if not self.fits(n // 2 if self.epilogue == "swiglu" else n, k):
-            raise LaunchError(f"{self.name}: [{n}x{k}] gives a CTA more than {UNITS_MAX} output units; use the "
-                              "family's xs members")
         m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         nbytes = sk_workspace_bytes(m, n, self.cols)
         args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
