@@ -121,14 +121,12 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", resident: int = 0, late: bool = False):
+                 probe: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
         self.probe = probe
-        self.resident = resident or ctas  # registers capped for this many CTAs per SM
-        self.late = late  # PDL trigger once the warp's last weight loads are issued (not after the staging)
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
@@ -138,7 +136,7 @@ class GemvMmaSK(GemvMma):
     def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
                  mN: cute.Tensor, eps, stream: cuda.CUstream):
         self.kernel(mW, mX, mR, mY, mWs, mN, eps).launch(grid=(264, 1, 1), block=(self.threads, 1, 1),
-                                                         stream=stream, min_blocks_per_mp=self.resident,
+                                                         stream=stream, min_blocks_per_mp=self.ctas,
                                                          preferred_smem_carveout=-1)
 
     @cute.kernel
@@ -223,10 +221,7 @@ class GemvMmaSK(GemvMma):
         self._stage_x(xsd, k, ngr, gv)
         cute.arch.sync_threads()
         xsr = self._xs_lane(xsd, lane)
-        if cutlass.const_expr(not self.late):
-            cute.arch.griddepcontrol_launch_dependents()
-        elif n < S:  # every load already issued
-            cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.probe == "empty"):  # nothing streamed; the ring's first loads drained
             n = cutlass.Int32(0)
             if cutlass.const_expr(self.cpa):
@@ -242,9 +237,6 @@ class GemvMmaSK(GemvMma):
         for rd in cutlass.range((n + S - 1) // S, unroll=1):
             for s in cutlass.range_constexpr(S):
                 i = rd * S + s
-                if cutlass.const_expr(self.late):
-                    if i == n - S:  # the last load goes out now: let the next kernel's CTAs in
-                        cute.arch.griddepcontrol_launch_dependents()
                 if i + S - 1 < n:
                     if cutlass.const_expr(self.cpa):
                         self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)

@@ -202,9 +202,6 @@ def main() -> None:
 
         fam = {f"{v}_k{kw}" for v, _, _ in extra if isinstance(v, str) for kw in mv.KW}
         vs = [v for v, _, _ in extra if not isinstance(v, str)] + [mv.gemv_mma_variant(nm) for nm in sorted(fam)]
-        if a.probe:  # and every Q4-Q6 overlap variant, for the GPU test
-            vs += [v for f in ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S") for e in ("plain", "residual", "swiglu")
-                   for v in mv.overlap_variants(f, e)]
         build_all(list({v.name: v for v in vs}.values()), ["sm_90a"], Path(a.build))
         return
     dev = Device.open()
@@ -282,7 +279,7 @@ def probe_cases() -> list:
     """The 27B decode's stream-K GEMVs (gate_up, down, the merged GDN q|k|v|z, the GDN output): the
     default member and its two probes."""
     return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
-            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi) + mv.overlap_variants(fmt, epi)]
+            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)]
 
 
 def print_probe_table(rows: list) -> None:
@@ -292,17 +289,15 @@ def print_probe_table(rows: list) -> None:
         return v.partition("_sk")[2].replace("_probe_", "")
 
     by = {(r["shape"], tag(r["variant"])): r for r in rows if "_sk" in r["variant"]}
-    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us "
-          "| r2 us | late us | r2 late us |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us |")
+    print("|---|---|---|---|---|")
     for shape in dict.fromkeys(r["shape"] for r in rows):
         full, chain, empty = (by.get((shape, p)) for p in ("", "nochain", "empty"))
         if not (full and chain and empty):
             continue
         rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
-        alt = " | ".join(f"{by[(shape, t)]['us']:.1f}" if (shape, t) in by else "-" for t in ("_r2", "_late", "_r2_late"))
         print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
-              f"{empty['us']:.1f} | {rest:.1f} | {alt} |")
+              f"{empty['us']:.1f} | {rest:.1f} |")
 
 
 def mma_cases(tune: bool) -> list:

@@ -179,18 +179,6 @@ def test_fast_alternatives(device, rng, fmt):
     _run_fast(device, rng, fmt, vs)
 
 
-@pytest.mark.parametrize("fmt", FORMATS[:3])
-def test_overlap_variants(device, rng, fmt):
-    """The stream-K shapes that let the next kernel in early (2 CTAs per SM; the PDL trigger after the last
-    loads) compute the same. Build them with `python tools/bench_gemv.py --build $INFERNO_KERNEL_DIR --probe`."""
-    vs = [v for epi in EPILOGUE_NAMES for v in mv.overlap_variants(fmt, epi)]
-    missing = [v.name for v in vs if stale_reason(v, device.arch) is not None]
-    if missing and importlib.util.find_spec("cutlass") is None:
-        pytest.skip(f"{len(missing)} overlap variants not built here (e.g. {missing[0]}): "
-                    "python tools/bench_gemv.py --build $INFERNO_KERNEL_DIR --probe")
-    _run_fast(device, rng, fmt, vs)
-
-
 @pytest.mark.parametrize("epi", EPILOGUE_NAMES)
 def test_sk_workspace_cleans_itself(device, rng, epi):
     """Repeated launches on the same output buffer (one workspace) stay right: each leaves it zeroed."""
