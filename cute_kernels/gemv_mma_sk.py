@@ -142,6 +142,17 @@ class GemvMmaSK(GemvMma):
     @cute.kernel
     def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
                mN: cute.Tensor, eps):
+        self.body(mW, mX, mR, mY, mWs, mN, eps, cutlass.memory.SmemAllocator())
+
+    def ring_bytes(self) -> int:
+        """Shared-memory bytes of the cp.async ring (all warps)."""
+        return self.warps * self.ring_slots * self.slot_bytes
+
+    @cute.jit
+    def body(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
+             mN: cute.Tensor, eps, smem, ring=None):
+        """The whole GEMV in the calling kernel: x staged from `smem`, the ring `ring` (an Int32 shared
+        tensor of at least ring_bytes(); None: allocated from `smem` after x)."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
@@ -157,12 +168,11 @@ class GemvMmaSK(GemvMma):
         b0 = cutlass.Int32(cutlass.Int64(wg) * nblk // nwarps)
         b1 = cutlass.Int32(cutlass.Int64(wg + 1) * nblk // nwarps)
 
-        smem = cutlass.memory.SmemAllocator()
         xsd = self.xs_smem(smem, mX, mN, eps)
         ring0 = cutlass.Int32(0)
         if cutlass.const_expr(self.cpa):
-            ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.warps * self.ring_slots * self.slot_bytes // 4,)),
-                                        byte_alignment=16)
+            if cutlass.const_expr(ring is None):
+                ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.ring_bytes() // 4,)), byte_alignment=16)
             ring0 = ring.iterator.toint() + warp * (self.ring_slots * self.slot_bytes)
         cnt = mWs.iterator.toint()
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
