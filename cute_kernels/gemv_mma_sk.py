@@ -153,20 +153,6 @@ class GemvMmaSK(GemvMma):
              mN: cute.Tensor, eps, smem, ring=None):
         """The whole GEMV in the calling kernel: x staged from `smem`, the ring `ring` (an Int32 shared
         tensor of at least ring_bytes(); None: allocated from `smem` after x)."""
-        geo, xsd, b0, b1 = self.setup(mW, mX, mY, mWs, mN, eps, smem, ring)
-        m = geo[7]
-        if cutlass.const_expr(self.epilogue == "swiglu"):
-            if m % 16 == 0:
-                self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
-            else:
-                self._run(geo, (0, 1, 2), xsd, mR, mY, b0, b1)
-        else:
-            self._run(geo, (0,), xsd, mR, mY, b0, b1)
-
-    @cute.jit
-    def setup(self, mW: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor, mN: cute.Tensor, eps,
-              smem, ring=None):
-        """(geo, x staging operands, this warp's first and end block) of the GEMV (see `body`)."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
@@ -192,34 +178,21 @@ class GemvMmaSK(GemvMma):
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
                self._out_scale(mW, n_tiles, ngr))
-        return geo, xsd, b0, b1
+        if cutlass.const_expr(self.epilogue == "swiglu"):
+            if m % 16 == 0:
+                self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
+            else:
+                self._run(geo, (0, 1, 2), xsd, mR, mY, b0, b1)
+        else:
+            self._run(geo, (0,), xsd, mR, mY, b0, b1)
 
     def _tiles(self, u, m, n_tiles):
         return unit_tiles(self.epilogue, u, m, n_tiles)
 
     @cute.jit
-    def prologue(self, geo, sl, b0, b1):
-        """Issue the ring's first stages - 1 blocks of b0 .. b1 - 1 (cpa), as `_run(pre=True)` expects."""
-        npairs = geo[2]
-        S = self.ring_slots // len(sl)
-        n = b1 - b0
-        lu = b0 // npairs
-        lp = b0 - lu * npairs
-        for st in cutlass.range_constexpr(S - 1):
-            if st < n:
-                self._load_cpa(geo, sl, lu, lp, st)
-            cute.arch.cp_async_commit_group()
-            lp = lp + 1
-            if lp == npairs:
-                lp = cutlass.Int32(0)
-                lu = lu + 1
-
-    @cute.jit
-    def _run(self, geo, sl, xsd, mR, mY, b0, b1, hook=None, pre: bool = False):
+    def _run(self, geo, sl, xsd, mR, mY, b0, b1):
         """Stream blocks b0 .. b1 - 1 (unit b // pairs, pair b % pairs) through `stages` register stages
-        (cpa: a ring of shared-memory stages, filled by cp.async); flush at every unit end and at b1.
-        `hook()` runs once this warp's last weight loads are issued; `pre`: `prologue` issued the ring's
-        first stages already."""
+        (cpa: a ring of shared-memory stages, filled by cp.async); flush at every unit end and at b1."""
         w_ptr, ngr, npairs, high, scale, lane, k, m, n_tiles = geo[:9]
         S, nb = self.stages, len(sl)
         if cutlass.const_expr(self.cpa):
@@ -240,14 +213,13 @@ class GemvMmaSK(GemvMma):
         lu = b0 // npairs
         lp = b0 - lu * npairs
         for st in cutlass.range_constexpr(S - 1):
-            if cutlass.const_expr(not pre):
-                if st < n:
-                    if cutlass.const_expr(self.cpa):
-                        self._load_cpa(geo, sl, lu, lp, st)
-                    else:
-                        self._load(geo, bufs, sl, lu, lp, st)
+            if st < n:
                 if cutlass.const_expr(self.cpa):
-                    cute.arch.cp_async_commit_group()
+                    self._load_cpa(geo, sl, lu, lp, st)
+                else:
+                    self._load(geo, bufs, sl, lu, lp, st)
+            if cutlass.const_expr(self.cpa):
+                cute.arch.cp_async_commit_group()
             lp = lp + 1
             if lp == npairs:
                 lp = cutlass.Int32(0)
@@ -260,9 +232,6 @@ class GemvMmaSK(GemvMma):
         cute.arch.sync_threads()
         xsr = self._xs_lane(xsd, lane)
         cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(hook is not None):
-            if n < S:  # every load went out in the prologue
-                hook()
         if cutlass.const_expr(self.probe == "empty"):  # nothing streamed; the ring's first loads drained
             n = cutlass.Int32(0)
             if cutlass.const_expr(self.cpa):
@@ -278,9 +247,6 @@ class GemvMmaSK(GemvMma):
         for rd in cutlass.range((n + S - 1) // S, unroll=1):
             for s in cutlass.range_constexpr(S):
                 i = rd * S + s
-                if cutlass.const_expr(hook is not None):
-                    if i == n - S:  # the last weight loads go out now
-                        hook()
                 if i + S - 1 < n:
                     if cutlass.const_expr(self.cpa):
                         self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)

@@ -5,10 +5,8 @@ Phase A is the gate_up GEMV (swiglu, the RMSNorm folded into the x staging) writ
 GEMV (residual) reading act; each is `GemvMmaSK.body` with its own x staging and workspace, the cp.async
 ring shared. There is NO synchronisation between the phases: a CTA stages act for phase B whether or not
 the other CTAs have written it, so phase B's results are wrong. What the probe measures is the upper
-bound of removing the kernel boundary between the two GEMVs (the grid's completion and the next launch):
-the time of the pair as two launches minus this one. With `prefetch` each phase has its own ring and a
-warp issues down's first ring stages as soon as its last gate_up loads are out, so they stream during
-gate_up's tail, flush and the down x staging.
+bound of removing the kernel boundary between the two GEMVs (the flush chain, the grid's completion and
+the next launch): the time of the pair as two launches minus this one.
 """
 
 import cuda.bindings.driver as cuda
@@ -23,8 +21,7 @@ class MlpProbe:
     """gate_up (bits_a, swiglu, norm) then down (bits_b, residual), `warps` warps per CTA, one CTA per SM."""
 
     def __init__(self, bits_a: int, bits_b: int, stages_a: int, stages_b: int, warps: int = 16,
-                 kmax_a: int = 8192, kmax_b: int = 18432, prefetch: bool = False):
-        self.prefetch = prefetch  # down's first ring stages issued as gate_up's last loads go out (own ring)
+                 kmax_a: int = 8192, kmax_b: int = 18432):
         self.a = GemvMmaSK(bits_a, 64, 1, "swiglu", warps=warps, stages=stages_a, ctas=1, kmax=kmax_a, cpa=True,
                            norm=True)
         self.b = GemvMmaSK(bits_b, 64, 1, "residual", warps=warps, stages=stages_b, ctas=1, kmax=kmax_b, cpa=True)
@@ -42,13 +39,7 @@ class MlpProbe:
     def kernel(self, mWa: cute.Tensor, mX: cute.Tensor, mNw: cute.Tensor, eps, mAct: cute.Tensor,
                mWb: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWsa: cute.Tensor, mWsb: cute.Tensor):
         smem = cutlass.memory.SmemAllocator()
-        if cutlass.const_expr(not self.prefetch):
-            ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((max(self.a.ring_bytes(), self.b.ring_bytes()) // 4,)),
-                                        byte_alignment=16)
-            self.a.body(mWa, mX, mR, mAct, mWsa, mNw, eps, smem, ring)
-            self.b.body(mWb, mAct, mR, mY, mWsb, mNw, eps, smem, ring)
-        else:  # the 27B shapes only: I % 16 == 0
-            ga, xa, a0, a1 = self.a.setup(mWa, mX, mAct, mWsa, mNw, eps, smem)
-            gb, xb, c0, c1 = self.b.setup(mWb, mAct, mY, mWsb, mNw, eps, smem)
-            self.a._run(ga, (0, 1), xa, mR, mAct, a0, a1, hook=lambda: self.b.prologue(gb, (0,), c0, c1))
-            self.b._run(gb, (0,), xb, mR, mY, c0, c1, pre=True)
+        ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((max(self.a.ring_bytes(), self.b.ring_bytes()) // 4,)),
+                                    byte_alignment=16)
+        self.a.body(mWa, mX, mR, mAct, mWsa, mNw, eps, smem, ring)
+        self.b.body(mWb, mAct, mR, mY, mWsb, mNw, eps, smem, ring)
