@@ -107,7 +107,21 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
-PROBES = ("", "nochain", "empty")  # timing probes for the benchmark only (their results are wrong)
+PROBES = ("", "nochain", "empty", "timeline")  # probes for the benchmark only (results wrong or extra writes)
+TIMELINE = 5  # "timeline": u64 %globaltimer stamps per warp after ws's normal words
+
+
+@dsl_user_op
+def _now(*, loc=None, ip=None) -> cutlass.Int64:
+    """The GPU's global nanosecond timer."""
+    return cutlass.Int64(_asm_se(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l", loc, ip))
+
+
+@dsl_user_op
+def _st_u64(addr, v, *, loc=None, ip=None):
+    """*addr = v (u64, global)."""
+    _asm_se(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), cutlass.Int64(v).ir_value(loc=loc, ip=ip)],
+            "st.global.u64 [$0], $1;", "l,l", loc, ip)
 
 
 class GemvMmaSK(GemvMma):
@@ -117,7 +131,9 @@ class GemvMmaSK(GemvMma):
     `probe` (tools/bench_gemv.py --probe, never the executor): "nochain" adds the row sums into ws but
     skips the unit counters and the finishing warps' read-back and epilogue (the flush's dependent L2
     round trips at the end of a run); "empty" stages x and exits (a launch's fixed cost: PDL wait, x
-    staging, the ring's first loads, no stream)."""
+    staging, the ring's first loads, no stream); "timeline" computes the same but lane 0 of every warp
+    also writes TIMELINE %globaltimer stamps after ws's words (at 8-aligned ws end + 8 TIMELINE warp):
+    entering the run, after the PDL wait, after the x staging, before the last flush, after it."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
@@ -198,6 +214,8 @@ class GemvMmaSK(GemvMma):
         if cutlass.const_expr(self.cpa):
             S = self.ring_slots // nb
         n = b1 - b0
+        tl = self.probe == "timeline"
+        t0 = _now() if tl else None
         wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)
         hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
         sb = cute.make_rmem_tensor((2, nb, S), cutlass.Int32)
@@ -228,8 +246,11 @@ class GemvMmaSK(GemvMma):
         if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
             gv = self.load_norm_w(xsd, k, ngr)
         cute.arch.griddepcontrol_wait()
+        t1 = _now() if tl else None
         self._stage_x(xsd, k, ngr, gv)
         cute.arch.sync_threads()
+        t2 = _now() if tl else None
+        t3 = t2
         xsr = self._xs_lane(xsd, lane)
         cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.probe == "empty"):  # nothing streamed; the ring's first loads drained
@@ -268,12 +289,24 @@ class GemvMmaSK(GemvMma):
                     seg = seg + 1
                     p = p + 1
                     if p == npairs or i == n - 1:
+                        if cutlass.const_expr(tl):
+                            if i == n - 1:
+                                t3 = _now()
                         self._flush(geo, sl, acc, u, seg, mR, mY)
                         acc.fill(0.0)
                         seg = cutlass.Int32(0)
                         if p == npairs:
                             p = cutlass.Int32(0)
                             u = u + 1
+        if cutlass.const_expr(tl):
+            t4 = _now()
+            if lane == 0:
+                tidx, _, _ = cute.arch.thread_idx()
+                bidx, _, _ = cute.arch.block_idx()
+                end = (geo[11] + self.cols * geo[9] * 4 + 7) // 8 * 8
+                at = end + (bidx * self.warps + tidx // 32) * (8 * TIMELINE)
+                for e, t in enumerate((t0, t1, t2, t3, t4)):
+                    _st_u64(at + 8 * e, t)
 
     def _ring_addr(self, geo, nb, st, b):
         """Shared address of slot b of ring stage st of this warp (lane offsets added by the callers)."""

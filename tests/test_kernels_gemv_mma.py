@@ -3,6 +3,8 @@ and decode (`pairs_*`, `b_regs`) run on numpy lanes, assembled into m16n8k16 fra
 mma.sync reads them, against the numpy reference; the swiglu up-row mapping, the K split, the variant
 table, the launcher's checks, and a few cubin builds."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -377,7 +379,8 @@ def test_probe_variants(tmp_path):
     from inferno.kernels.build import build_variant
 
     probes = mv.probe_variants("Q5G64_F16S", "residual")
-    assert [v.name for v in probes] == ["gemv_mma_q5_t1_res_sk_probe_nochain", "gemv_mma_q5_t1_res_sk_probe_empty"]
+    assert [v.name for v in probes] == ["gemv_mma_q5_t1_res_sk_probe_nochain", "gemv_mma_q5_t1_res_sk_probe_empty",
+                                        "gemv_mma_q5_t1_res_sk_probe_timeline"]
     assert all(v.name not in {m.name for m in mv.GEMV_MMA_VARIANTS} for v in probes)  # never the executor's
     member = mv.make_sk_variant("Q5G64_F16S", "residual")
     assert "probe" not in member.config
@@ -394,6 +397,7 @@ def test_probe_variants(tmp_path):
     assert "ATOM" in sass[""] and "RED" in sass[""] and "HMMA" in sass[""]
     assert "ATOM" not in sass["nochain"] and "RED" in sass["nochain"] and "HMMA" in sass["nochain"]
     assert "HMMA" not in sass["empty"] and "RED" not in sass["empty"]
+    assert "GLOBALTIMER" in sass["timeline"] and "GLOBALTIMER" not in sass[""]
 
 
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),
@@ -407,3 +411,18 @@ def test_builds(name, arch, tmp_path):
     assert (tmp_path / arch / f"{name}.cubin").stat().st_size > 1000
     assert m.block == [32 * v.config["warps"], 1, 1]
     assert [p.name for p in m.params] == [a.name for a in v.args if a is not None]
+
+
+def test_mlp_probe_builds(tmp_path):
+    """tools/bench_mlp_probe.py's kernel (gate_up and down in one launch, no synchronisation) builds, and
+    fits one CTA per SM."""
+    import importlib.util
+
+    from inferno.kernels.build import build_variant
+
+    spec = importlib.util.spec_from_file_location("bench_mlp_probe",
+                                                  Path(__file__).parents[1] / "tools" / "bench_mlp_probe.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    m = build_variant(tool.probe_variant(), "sm_90a", tmp_path)
+    assert m.block == [512, 1, 1] and m.smem <= mv.SMEM_BLOCK

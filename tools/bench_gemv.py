@@ -185,7 +185,12 @@ def main() -> None:
                     help="T = 1 on the 27B shapes, NVFP4: CUDA-core GEMV vs the tensor-core family and members")
     ap.add_argument("--probe", action="store_true",
                     help="stream-K members vs their probes (no flush chain; no stream) on the 27B shapes")
+    ap.add_argument("--timeline", action="store_true",
+                    help="per-warp timeline of the 27B stream-K shapes (the `timeline` probe; build with --probe)")
     a = ap.parse_args()
+    if a.timeline:
+        timeline_main(a)
+        return
     if a.nvfp4:
         nvfp4_main(a)
         return
@@ -280,6 +285,56 @@ def probe_cases() -> list:
     default member and its two probes."""
     return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
             for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)]
+
+
+def timeline_main(a) -> None:
+    """Per 27B stream-K shape: the last of >= 24 graph-replayed launches of the `timeline` probe; per
+    warp its stamps (run entered, PDL wait returned, x staged, last flush begins, run ends), relative to
+    the earliest wait return, as percentiles over the warps."""
+    from inferno.cuda.copy import from_device
+
+    dev = Device.open()
+    stream = Stream.create()
+    stream.pdl = a.pdl
+    rng = np.random.default_rng(0)
+    names = ("entered", "waited", "staged", "last flush", "ended")
+    print(f"device {dev.name}; PDL {'on' if a.pdl else 'off'}; us from the first PDL wait's return, "
+          "percentiles 0 / 50 / 100 over the warps")
+    print("| shape | " + " | ".join(names) + " | staging p50 | last flush p50 |")
+    print("|---|" + "---|" * (len(names) + 2))
+    for fmt, shape, epi in PROBE_COMBOS:
+        n, k = SHAPES[shape]
+        w = Weights(fmt, n, k, ql.random_payload(fmt, n, k, rng), tiled=True)
+        kern = mv.GemvMmaSK(load(mv.make_sk_variant(fmt, epi, probe="timeline"), dev))
+        m = n // 2 if epi == "swiglu" else n
+        x = to_device(None, rng.standard_normal((1, k), np.float32).astype(bf16), "x")
+        y, r = device_alloc(2 * m, "y"), device_alloc(2 * m, "r") if epi == "residual" else None
+        launches = len(w.bufs) * max(1, -(-24 // len(w.bufs)))
+        kern(w.bufs[0], x, y, n, k, 1, r=r, stream=stream)
+        with Graph.capture(stream) as g:
+            for i in range(launches):
+                kern(w.bufs[i % len(w.bufs)], x, y, n, k, 1, r=r, stream=stream)
+        ge = g.instantiate()
+        ge.launch(stream)
+        stream.synchronize()
+        (ws,) = kern._ws.values()
+        grid, warps = kern.grid(m, k), kern.warps
+        base = mv.sk_workspace_bytes(m, n, 1)
+        base += -(int(ws.ptr) + base) % 8
+        raw = from_device(ws, np.uint8, (ws.nbytes,))[base:base + 8 * mv.TIMELINE * grid * warps]
+        t = raw.view(np.int64).reshape(grid * warps, mv.TIMELINE).astype(np.float64)
+        t = (t - t[:, 1].min()) / 1e3
+        cols = [f"{np.percentile(t[:, e], 0):.1f} / {np.percentile(t[:, e], 50):.1f} / {t[:, e].max():.1f}"
+                for e in range(mv.TIMELINE)]
+        print(f"| {shape} [{n}x{k}] | " + " | ".join(cols) +
+              f" | {np.median(t[:, 2] - t[:, 1]):.2f} | {np.median(t[:, 4] - t[:, 3]):.2f} |")
+        ge.close()
+        g.close()
+        kern.free()
+        w.free()
+        for b in (x, y, r):
+            if b is not None:
+                b.free()
 
 
 def print_probe_table(rows: list) -> None:

@@ -168,6 +168,7 @@ REG_SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", Tr
 SK_CTAS, SK_WARPS = 1, 16  # the stream-K grid: CTAs per SM, warps per CTA
 SK_MIN_BLOCKS = 4  # blocks per warp at least (small problems use fewer CTAs)
 COUNTER_ALIGN = 32  # cute_kernels/gemv_mma_sk.py: counters padded before the fp32 sums
+TIMELINE = 5  # cute_kernels/gemv_mma_sk.py TIMELINE: stamps per warp of the "timeline" probe
 SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
@@ -230,9 +231,10 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
 
 
 def probe_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """The default stream-K member with its flush chain skipped and with no stream at all (timing probes
-    of a launch's fixed cost for `tools/bench_gemv.py --probe`; their outputs are wrong)."""
-    return [make_sk_variant(fmt, epilogue, probe=p) for p in ("nochain", "empty")]
+    """The default stream-K member with its flush chain skipped, with no stream at all (timing probes of a
+    launch's fixed cost for `tools/bench_gemv.py --probe`; their outputs are wrong), and with per-warp
+    %globaltimer stamps (`--timeline`)."""
+    return [make_sk_variant(fmt, epilogue, probe=p) for p in ("nochain", "empty", "timeline")]
 
 
 def sk_workspace_bytes(m: int, n_w: int, cols: int) -> int:
@@ -425,6 +427,8 @@ class GemvMmaSK:
             raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
         m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         nbytes = sk_workspace_bytes(m, n, self.cols)
+        if self.loaded.manifest.config.get("probe") == "timeline":  # its stamps after the words (benchmark)
+            nbytes += 8 + 8 * TIMELINE * self.grid(m, k) * self.warps
         args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
         args += norm_args(self.name, self.norm, norm, k)
         mf = self.loaded.manifest
