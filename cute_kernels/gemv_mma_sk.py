@@ -112,6 +112,16 @@ TIMELINE = 5  # "timeline": u64 %globaltimer stamps per warp after ws's normal w
 
 
 @dsl_user_op
+def _claim(addr, *, loc=None, ip=None) -> cutlass.Int64:
+    """old = *addr; *addr += 1 (u64, global, relaxed)."""
+    return cutlass.Int64(_asm_se(T.i64(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+                                 "atom.global.add.u64 $0, [$1], 1;", "=l,l", loc, ip))
+
+
+STEAL_STATIC = (3, 4)  # steal: the static share of every warp's blocks (num, den); the rest is claimed
+
+
+@dsl_user_op
 def _now(*, loc=None, ip=None) -> cutlass.Int64:
     """The GPU's global nanosecond timer."""
     return cutlass.Int64(_asm_se(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l", loc, ip))
@@ -137,12 +147,14 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = ""):
+                 probe: str = "", steal: bool = False):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
-        self.probe = probe
+        if steal and (probe or not cpa or cols != 1):
+            raise ValueError("steal: the cp.async ring at T = 1, no probe")
+        self.probe, self.steal = probe, steal
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
@@ -194,13 +206,14 @@ class GemvMmaSK(GemvMma):
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
                self._out_scale(mW, n_tiles, ngr))
+        run = self._run_steal if self.steal else self._run
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
-                self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
+                run(geo, (0, 1), xsd, mR, mY, b0, b1)
             else:
-                self._run(geo, (0, 1, 2), xsd, mR, mY, b0, b1)
+                run(geo, (0, 1, 2), xsd, mR, mY, b0, b1)
         else:
-            self._run(geo, (0,), xsd, mR, mY, b0, b1)
+            run(geo, (0,), xsd, mR, mY, b0, b1)
 
     def _tiles(self, u, m, n_tiles):
         return unit_tiles(self.epilogue, u, m, n_tiles)
@@ -308,6 +321,151 @@ class GemvMmaSK(GemvMma):
                 for e, t in enumerate((t0, t1, t2, t3, t4)):
                     _st_u64(at + 8 * e, t)
 
+    @cute.jit
+    def _run_steal(self, geo, sl, xsd, mR, mY, b0, b1):
+        """`_run` with a dynamic tail. Each warp streams a static run of 3/4 of an equal share (STEAL_STATIC),
+        then chunks of S blocks (S = the ring's stages) of the pool (the blocks after every warp's static
+        run) that it claims from a u64 counter in ws (after the sums), so warps that stream faster take more
+        and the grid ends together. Every warp claims until it is refused once, so a launch adds exactly
+        chunks + warps to the counter and its k-th claim reads launch * (chunks + warps) + k: the counter
+        never needs resetting. The first claim goes out after the PDL wait (the previous launch is done
+        claiming), each next one as the load cursor reaches the piece (run or chunk) before it, and is read
+        when the cursor gets to its end; a unit end's counter is looked at at the warp's next unit end (or
+        after the run). Problems too small for a static run of S - 1 blocks keep `_run`'s split (no pool).
+        The compute cursor trails the loads by S - 1 < S blocks, so it moves to the piece the load cursor
+        moved to last."""
+        w_ptr, ngr, npairs, high, scale, lane, k, m, n_tiles = geo[:9]
+        n_w, part = geo[9], geo[11]
+        nb = len(sl)
+        S = self.ring_slots // nb
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        nctas, _, _ = cute.arch.grid_dim()
+        nblk = (m + 15) // 16 * npairs
+        nwarps = nctas * self.warps
+        share = cutlass.Int32(cutlass.Int64(nblk) * STEAL_STATIC[0] // (STEAL_STATIC[1] * nwarps))
+        pool0 = nblk
+        if share >= S - 1:
+            b0 = (bidx * self.warps + tidx // 32) * share
+            b1 = b0 + share
+            pool0 = nwarps * share
+        cl = (cutlass.Int64((nblk - pool0 + S - 1) // S + nwarps), (nblk - pool0 + S - 1) // S, pool0, nblk, npairs,
+              (part + self.cols * n_w * 4 + 7) // 8 * 8, S)
+        wb = cute.make_rmem_tensor((4, 2, nb, 1), cutlass.Int32)
+        hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, 1), cutlass.Int32)
+        sb = cute.make_rmem_tensor((2, nb, 1), cutlass.Int32)
+        wb.fill(0)
+        hbuf.fill(0)
+        sb.fill(0)
+        bufs = (wb, hbuf, sb, sb)
+        big = cutlass.Int32(0x3FFFFFFF)
+        lb, le = b0, b1  # load cursor: block lb (unit lu, pair lp) of the piece ending at le
+        lu = b0 // npairs
+        lp = b0 - lu * npairs
+        li = cutlass.Int32(0)  # blocks whose loads were issued
+        for st in cutlass.range_constexpr(S - 1):  # the static run's first blocks, before the wait
+            if lb < le:
+                self._load_cpa(geo, sl, lu, lp, st)
+                li = li + 1
+                lb = lb + 1
+                lp = lp + 1
+                if lp == npairs:
+                    lp = cutlass.Int32(0)
+                    lu = lu + 1
+            cute.arch.cp_async_commit_group()
+        gv = None
+        if cutlass.const_expr(self.norm):
+            gv = self.load_norm_w(xsd, k, ngr)
+        cute.arch.griddepcontrol_wait()
+        pend = cutlass.Int64(0)  # lane 0's claim in flight
+        if lane == 0:
+            pend = _claim(cl[5])
+        self._stage_x(xsd, k, ngr, gv)
+        cute.arch.sync_threads()
+        xsr = self._xs_lane(xsd, lane)
+        cute.arch.griddepcontrol_launch_dependents()
+        n = big  # blocks this warp streams: known once a claim is refused
+        qs, qe = b0, b1  # the piece the load cursor moved to last (the compute cursor's next)
+        if lb == le:  # the static run is all loaded (or empty): read the claim now
+            lb, le, lu, lp, pend, n = self._next_piece(cl, pend, li, big)
+            qs, qe = lb, le
+
+        ops = DslOps()
+        kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
+        acc = cute.make_rmem_tensor((4, self.slots), cutlass.Float32)
+        acc.fill(0.0)
+        cb, ce = b0, b1  # compute cursor: block cb (unit u, pair p) of the piece ending at ce
+        u = cb // npairs
+        p = cb - u * npairs
+        seg = cutlass.Int32(0)
+        pu, pold, pseg = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)  # a unit end not looked at yet
+        i0 = cutlass.Int32(0)
+        while i0 < n:
+            for s in cutlass.range_constexpr(S):
+                i = i0 + s
+                if i + S - 1 < n:
+                    self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)
+                cute.arch.cp_async_commit_group()
+                cute.arch.cp_async_wait_group(S - 1)
+                if i + S - 1 < n:
+                    li = li + 1
+                    lb = lb + 1
+                    lp = lp + 1
+                    if lp == npairs:
+                        lp = cutlass.Int32(0)
+                        lu = lu + 1
+                    if lb == le:
+                        lb, le, lu, lp, pend, n = self._next_piece(cl, pend, li, big)
+                        qs, qe = lb, le
+                if i < n:
+                    self._ring_to_regs(geo, bufs, nb, s)
+                    self._compute(ops, kb, bufs, acc, sl, 0, p, xsr)
+                    seg = seg + 1
+                    p = p + 1
+                    cb = cb + 1
+                    if p == npairs or cb == ce:
+                        old = self._add(geo, sl, acc, u, seg)
+                        if pseg > 0:
+                            self._finish(geo, pu, pold, pseg, mR, mY)
+                        pu, pold, pseg = u, old, seg
+                        acc.fill(0.0)
+                        seg = cutlass.Int32(0)
+                        if p == npairs:
+                            p = cutlass.Int32(0)
+                            u = u + 1
+                        if cb == ce:  # on to the piece the load cursor moved to
+                            cb, ce = qs, qe
+                            u = cb // npairs
+                            p = cb - u * npairs
+            i0 = i0 + S
+        if pseg > 0:
+            self._finish(geo, pu, pold, pseg, mR, mY)
+
+    @cute.jit
+    def _next_piece(self, cl, pend, li, big):
+        """Read lane 0's claim in flight (cl: chunks + warps, chunks, first pool block, blocks, pairs, the
+        counter's address, chunk blocks): (first block, end, its unit, its pair) of the claimed chunk, the
+        next claim in flight, n = big; or, refused, an empty piece and n = li (no more blocks)."""
+        tot, n_chunks, pool0, nblk, npairs, at, c = cl
+        lane = cute.arch.lane_idx()
+        j = cutlass.Int32(0)
+        if lane == 0:
+            j = cutlass.Int32(pend % tot)
+        j = cute.arch.shuffle_sync(j, offset=0)
+        n = big
+        lb = pool0 + j * c
+        le = cutlass.min(lb + c, nblk)
+        if j >= n_chunks:
+            n = li
+            lb = nblk
+            le = nblk
+        else:
+            if lane == 0:
+                pend = _claim(at)
+        lu = lb // npairs
+        lp = lb - lu * npairs
+        return lb, le, lu, lp, pend, n
+
     def _ring_addr(self, geo, nb, st, b):
         """Shared address of slot b of ring stage st of this warp (lane offsets added by the callers)."""
         return geo[12] + (st * nb + b) * self.slot_bytes
@@ -355,6 +513,48 @@ class GemvMmaSK(GemvMma):
         """Issue the weight loads of pair p of unit u's tile slots sl into register stage st."""
         w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
         self._load_tiles(w_ptr, self._tiles(u, m, n_tiles), ngr, high, scale, lane, bufs, sl, p, st)
+
+    @cute.jit
+    def _add(self, geo, sl, acc, u, seg):
+        """Add this warp's sums of unit u (seg pairs) into ws and (lane 0) seg into the unit's counter
+        (T = 1); returns the counter's previous value (lane 0's, 0 elsewhere) for `_finish`."""
+        m, n_tiles, n_w, cnt, part = geo[7], geo[8], geo[9], geo[10], geo[11]
+        lane = geo[5]
+        g, t = lane // 4, lane % 4
+        tiles = self._tiles(u, m, n_tiles)
+        if t == 0:
+            for b in cutlass.range_constexpr(len(sl)):
+                tile = tiles[sl[b]]
+                for h in cutlass.range_constexpr(2):
+                    row = 16 * tile + g + 8 * h
+                    if owned(self.epilogue, sl[b], tile, tiles, u, row, m, n_w, cutlass.Int32) != 0:
+                        _red_add(part + row * 4, acc[2 * h, sl[b]])
+        cute.arch.sync_warp()
+        old = cutlass.Int32(0)
+        if lane == 0:
+            old = _count(cnt + u * 4, seg)
+        return old
+
+    @cute.jit
+    def _finish(self, geo, u, old, seg, mR, mY):
+        """If unit u's counter read `old` (lane 0) before this warp's seg pairs, the warp completed the unit
+        (T = 1): it reads the sums back (zeroing them), applies the epilogue, stores y, zeroes the counter."""
+        npairs, lane, m, cnt, part = geo[2], geo[5], geo[7], geo[10], geo[11]
+        old = cute.arch.shuffle_sync(old, offset=0)
+        if old + seg == npairs:
+            cute.arch.fence_acq_rel_gpu()
+            o = 16 * u + lane % 16
+            if lane < 16:
+                if o < m:
+                    a = self._unscale(_take(part + o * 4), geo[13])
+                    if cutlass.const_expr(self.epilogue == "swiglu"):
+                        up = self._unscale(_take(part + (m + o) * 4), geo[13])
+                        a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
+                    if cutlass.const_expr(self.epilogue == "residual"):
+                        a = a + mR[0, o].to(cutlass.Float32)
+                    mY[0, o] = a.to(cutlass.BFloat16)
+            if lane == 0:
+                _zero(cnt + u * 4)
 
     @cute.jit
     def _flush(self, geo, sl, acc, u, seg, mR, mY):

@@ -173,7 +173,8 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "") -> Variant:
+                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
+                    steal: bool = False) -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
     SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
     `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py)."""
@@ -188,6 +189,8 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
+    if steal:
+        name += "_st"
     if probe:
         name += f"_probe_{probe}"
     w, x, r, y = gemv_tensors(epilogue)
@@ -196,7 +199,7 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"probe": probe} if probe else {})),
+                    **({"probe": probe} if probe else {}), **({"steal": True} if steal else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws, *norm_tensors(norm)), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
@@ -228,6 +231,13 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
     regs = ([make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=w, cpa=False) for c, w in ((1, 16), (2, 8))]
             + [make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=4, cpa=False) for c in (2, 3, 4)])
     return ring + regs
+
+
+def steal_variants(fmt: str, epilogue: str) -> list[Variant]:
+    """The stream-K member with a dynamic tail (`_st`: the last quarter of the blocks claimed in chunks),
+    plain and with the norm folded in (not for residual)."""
+    return [make_sk_variant(fmt, epilogue, norm=nm, steal=True) for nm in (False, True)
+            if not (nm and epilogue == "residual")]
 
 
 def probe_variants(fmt: str, epilogue: str) -> list[Variant]:
@@ -388,7 +398,7 @@ class GemvMmaSK:
         self.fmt = self._format(c)
         self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
         self.norm = bool(c.get("norm"))
-        self._ws: dict[tuple[int, int], DeviceBuffer] = {}
+        self._ws: dict[tuple[int, int, int], DeviceBuffer] = {}
 
 
     @staticmethod
@@ -399,11 +409,11 @@ class GemvMmaSK:
         """Bytes of the weight image of [n, k]."""
         return _tiled_bytes(self.fmt, n, k)
 
-    def workspace(self, y: DeviceBuffer, nbytes: int) -> DeviceBuffer:
+    def workspace(self, y: DeviceBuffer, nbytes: int, k: int = 0) -> DeviceBuffer:
         from inferno.cuda.copy import memset_d8
         from inferno.cuda.memory import device_alloc
 
-        key = (int(y.ptr), nbytes)
+        key = (int(y.ptr), nbytes, k)
         ws = self._ws.get(key)
         if ws is None:
             ws = self._ws[key] = device_alloc(nbytes, f"{self.name} workspace")
@@ -429,7 +439,10 @@ class GemvMmaSK:
         nbytes = sk_workspace_bytes(m, n, self.cols)
         if self.loaded.manifest.config.get("probe") == "timeline":  # its stamps after the words (benchmark)
             nbytes += 8 + 8 * TIMELINE * self.grid(m, k) * self.warps
-        args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
+        steal = bool(self.loaded.manifest.config.get("steal"))
+        if steal:  # the claim counter (u64) after the words; its count depends on the shape: one ws per K
+            nbytes += 16
+        args.append(TensorArg(self.workspace(y, nbytes, k if steal else 0).ptr, (nbytes // 4,)))
         args += norm_args(self.name, self.norm, norm, k)
         mf = self.loaded.manifest
         launch(self.loaded.kernel, (self.grid(m, k), 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
