@@ -112,13 +112,19 @@ TIMELINE = 5  # "timeline": u64 %globaltimer stamps per warp after ws's normal w
 
 
 @dsl_user_op
-def _claim(addr, *, loc=None, ip=None) -> cutlass.Int64:
-    """old = *addr; *addr += 1 (u64, global, relaxed)."""
-    return cutlass.Int64(_asm_se(T.i64(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
-                                 "atom.global.add.u64 $0, [$1], 1;", "=l,l", loc, ip))
+def _count_shared(addr, *, loc=None, ip=None) -> cutlass.Int32:
+    """old = *addr; *addr += 1 (u32, shared)."""
+    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
+                                 "atom.shared.add.u32 $0, [$1], 1;", "=r,r", loc, ip))
 
 
-STEAL_STATIC = (3, 4)  # steal: the static share of every warp's blocks (num, den); the rest is claimed
+@dsl_user_op
+def _sts_zero(addr, *, loc=None, ip=None):
+    """*addr = 0 (u32, shared)."""
+    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], "st.shared.u32 [$0], 0;", "r", loc, ip)
+
+
+STEAL_STATIC = (3, 4)  # steal: the static share of a CTA's blocks per warp (num, den); the rest is claimed
 
 
 @dsl_user_op
@@ -206,6 +212,11 @@ class GemvMmaSK(GemvMma):
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
                self._out_scale(mW, n_tiles, ngr))
+        if cutlass.const_expr(self.steal):  # the CTA's claim counter, zeroed before the staging barrier
+            ctr = smem.allocate_tensor(cutlass.Int32, cute.make_layout((4,)), byte_alignment=16)
+            if tidx == 0:
+                _sts_zero(ctr.iterator.toint())
+            b0 = ctr.iterator.toint()  # _run_steal splits the CTA's blocks itself; b0 passes the counter
         run = self._run_steal if self.steal else self._run
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
@@ -322,35 +333,40 @@ class GemvMmaSK(GemvMma):
                     _st_u64(at + 8 * e, t)
 
     @cute.jit
-    def _run_steal(self, geo, sl, xsd, mR, mY, b0, b1):
-        """`_run` with a dynamic tail. Each warp streams a static run of 3/4 of an equal share (STEAL_STATIC),
-        then chunks of S blocks (S = the ring's stages) of the pool (the blocks after every warp's static
-        run) that it claims from a u64 counter in ws (after the sums), so warps that stream faster take more
-        and the grid ends together. Every warp claims until it is refused once, so a launch adds exactly
-        chunks + warps to the counter and its k-th claim reads launch * (chunks + warps) + k: the counter
-        never needs resetting. The first claim goes out after the PDL wait (the previous launch is done
-        claiming), each next one as the load cursor reaches the piece (run or chunk) before it, and is read
-        when the cursor gets to its end; a unit end's counter is looked at at the warp's next unit end (or
-        after the run). Problems too small for a static run of S - 1 blocks keep `_run`'s split (no pool).
+    def _run_steal(self, geo, sl, xsd, mR, mY, ctr, b1_unused):
+        """`_run` with a dynamic tail inside the CTA. The CTA's share of the blocks (c0 .. c1 - 1, as the
+        plain split gives its warps) is split into a static run per warp of 3/4 of an equal part
+        (STEAL_STATIC; the last warp also takes the few blocks that make the rest a multiple of S, the
+        ring's stages) and a pool of S-block chunks the warps claim from a shared-memory counter (`ctr`),
+        so the CTA's faster warps take more of it. A claim is issued one piece (run or chunk) ahead of the
+        load cursor (the first after the x staging barrier, which orders the counter's zeroing) and read
+        when the cursor gets to the piece's end; a unit end's counter is looked at at the warp's next unit
+        end (or after the run). Too few blocks for static runs of S - 1: the plain per-warp split, no pool.
         The compute cursor trails the loads by S - 1 < S blocks, so it moves to the piece the load cursor
         moved to last."""
         w_ptr, ngr, npairs, high, scale, lane, k, m, n_tiles = geo[:9]
-        n_w, part = geo[9], geo[11]
         nb = len(sl)
         S = self.ring_slots // nb
+        W = self.warps
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
+        w = tidx // 32
         nblk = (m + 15) // 16 * npairs
-        nwarps = nctas * self.warps
-        share = cutlass.Int32(cutlass.Int64(nblk) * STEAL_STATIC[0] // (STEAL_STATIC[1] * nwarps))
-        pool0 = nblk
+        c0 = cutlass.Int32(cutlass.Int64(bidx) * nblk // nctas)
+        c1 = cutlass.Int32(cutlass.Int64(bidx + 1) * nblk // nctas)
+        b0 = cutlass.Int32(cutlass.Int64(bidx * W + w) * nblk // (nctas * W))
+        b1 = cutlass.Int32(cutlass.Int64(bidx * W + w + 1) * nblk // (nctas * W))
+        share = (c1 - c0) * STEAL_STATIC[0] // (STEAL_STATIC[1] * W)
+        pool0 = c1
         if share >= S - 1:
-            b0 = (bidx * self.warps + tidx // 32) * share
+            extra = (c1 - c0 - W * share) % S
+            b0 = c0 + w * share
             b1 = b0 + share
-            pool0 = nwarps * share
-        cl = (cutlass.Int64((nblk - pool0 + S - 1) // S + nwarps), (nblk - pool0 + S - 1) // S, pool0, nblk, npairs,
-              (part + self.cols * n_w * 4 + 7) // 8 * 8, S)
+            if w == W - 1:
+                b1 = b1 + extra
+            pool0 = c0 + W * share + extra
+        cl = ((c1 - pool0) // S, pool0, npairs, ctr, S)
         wb = cute.make_rmem_tensor((4, 2, nb, 1), cutlass.Int32)
         hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, 1), cutlass.Int32)
         sb = cute.make_rmem_tensor((2, nb, 1), cutlass.Int32)
@@ -377,11 +393,11 @@ class GemvMmaSK(GemvMma):
         if cutlass.const_expr(self.norm):
             gv = self.load_norm_w(xsd, k, ngr)
         cute.arch.griddepcontrol_wait()
-        pend = cutlass.Int64(0)  # lane 0's claim in flight
-        if lane == 0:
-            pend = _claim(cl[5])
         self._stage_x(xsd, k, ngr, gv)
         cute.arch.sync_threads()
+        pend = cutlass.Int32(0)  # lane 0's claim in flight
+        if lane == 0:
+            pend = _count_shared(ctr)
         xsr = self._xs_lane(xsd, lane)
         cute.arch.griddepcontrol_launch_dependents()
         n = big  # blocks this warp streams: known once a claim is refused
@@ -443,25 +459,22 @@ class GemvMmaSK(GemvMma):
 
     @cute.jit
     def _next_piece(self, cl, pend, li, big):
-        """Read lane 0's claim in flight (cl: chunks + warps, chunks, first pool block, blocks, pairs, the
-        counter's address, chunk blocks): (first block, end, its unit, its pair) of the claimed chunk, the
-        next claim in flight, n = big; or, refused, an empty piece and n = li (no more blocks)."""
-        tot, n_chunks, pool0, nblk, npairs, at, c = cl
+        """Read lane 0's claim in flight (cl: chunks, first pool block, pairs, the counter, chunk blocks):
+        (first block, end, its unit, its pair) of the claimed chunk, the next claim in flight, n = big; or,
+        refused, an empty piece and n = li (no more blocks)."""
+        n_chunks, pool0, npairs, ctr, c = cl
         lane = cute.arch.lane_idx()
-        j = cutlass.Int32(0)
-        if lane == 0:
-            j = cutlass.Int32(pend % tot)
-        j = cute.arch.shuffle_sync(j, offset=0)
+        j = cute.arch.shuffle_sync(pend, offset=0)
         n = big
         lb = pool0 + j * c
-        le = cutlass.min(lb + c, nblk)
+        le = lb + c
         if j >= n_chunks:
             n = li
-            lb = nblk
-            le = nblk
+            lb = pool0
+            le = pool0
         else:
             if lane == 0:
-                pend = _claim(at)
+                pend = _count_shared(ctr)
         lu = lb // npairs
         lp = lb - lu * npairs
         return lb, le, lu, lp, pend, n

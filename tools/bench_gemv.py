@@ -303,8 +303,9 @@ def timeline_main(a) -> None:
     names = ("entered", "waited", "staged", "last flush", "ended")
     print(f"device {dev.name}; PDL {'on' if a.pdl else 'off'}; us from the first PDL wait's return, "
           "percentiles 0 / 50 / 100 over the warps")
-    print("| shape | " + " | ".join(names) + " | staging p50 | last flush p50 |")
-    print("|---|" + "---|" * (len(names) + 2))
+    print("| shape | " + " | ".join(names) + " | staging p50 | last flush p50 | stream end: spread in a CTA "
+          "(mean) / of CTA medians |")
+    print("|---|" + "---|" * (len(names) + 3))
     for fmt, shape, epi in PROBE_COMBOS:
         n, k = SHAPES[shape]
         w = Weights(fmt, n, k, ql.random_payload(fmt, n, k, rng), tiled=True)
@@ -329,8 +330,11 @@ def timeline_main(a) -> None:
         t = (t - t[:, 1].min()) / 1e3
         cols = [f"{np.percentile(t[:, e], 0):.1f} / {np.percentile(t[:, e], 50):.1f} / {t[:, e].max():.1f}"
                 for e in range(mv.TIMELINE)]
+        end = t[:, 3].reshape(grid, warps)
+        within = float((end.max(1) - end.min(1)).mean())
+        across = float(np.median(end, 1).max() - np.median(end, 1).min())
         print(f"| {shape} [{n}x{k}] | " + " | ".join(cols) +
-              f" | {np.median(t[:, 2] - t[:, 1]):.2f} | {np.median(t[:, 4] - t[:, 3]):.2f} |")
+              f" | {np.median(t[:, 2] - t[:, 1]):.2f} | {np.median(t[:, 4] - t[:, 3]):.2f} | {within:.1f} / {across:.1f} |")
         ge.close()
         g.close()
         kern.free()

@@ -234,7 +234,7 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
 
 
 def steal_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """The stream-K member with a dynamic tail (`_st`: the last quarter of the blocks claimed in chunks),
+    """The stream-K member with a dynamic tail (`_st`: the last quarter of a CTA's blocks claimed in chunks),
     plain and with the norm folded in (not for residual)."""
     return [make_sk_variant(fmt, epilogue, norm=nm, steal=True) for nm in (False, True)
             if not (nm and epilogue == "residual")]
@@ -398,7 +398,7 @@ class GemvMmaSK:
         self.fmt = self._format(c)
         self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
         self.norm = bool(c.get("norm"))
-        self._ws: dict[tuple[int, int, int], DeviceBuffer] = {}
+        self._ws: dict[tuple[int, int], DeviceBuffer] = {}
 
 
     @staticmethod
@@ -409,11 +409,11 @@ class GemvMmaSK:
         """Bytes of the weight image of [n, k]."""
         return _tiled_bytes(self.fmt, n, k)
 
-    def workspace(self, y: DeviceBuffer, nbytes: int, k: int = 0) -> DeviceBuffer:
+    def workspace(self, y: DeviceBuffer, nbytes: int) -> DeviceBuffer:
         from inferno.cuda.copy import memset_d8
         from inferno.cuda.memory import device_alloc
 
-        key = (int(y.ptr), nbytes, k)
+        key = (int(y.ptr), nbytes)
         ws = self._ws.get(key)
         if ws is None:
             ws = self._ws[key] = device_alloc(nbytes, f"{self.name} workspace")
@@ -439,10 +439,7 @@ class GemvMmaSK:
         nbytes = sk_workspace_bytes(m, n, self.cols)
         if self.loaded.manifest.config.get("probe") == "timeline":  # its stamps after the words (benchmark)
             nbytes += 8 + 8 * TIMELINE * self.grid(m, k) * self.warps
-        steal = bool(self.loaded.manifest.config.get("steal"))
-        if steal:  # the claim counter (u64) after the words; its count depends on the shape: one ws per K
-            nbytes += 16
-        args.append(TensorArg(self.workspace(y, nbytes, k if steal else 0).ptr, (nbytes // 4,)))
+        args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
         args += norm_args(self.name, self.norm, norm, k)
         mf = self.loaded.manifest
         launch(self.loaded.kernel, (self.grid(m, k), 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
