@@ -112,22 +112,6 @@ TIMELINE = 5  # "timeline": u64 %globaltimer stamps per warp after ws's normal w
 
 
 @dsl_user_op
-def _count_shared(addr, *, loc=None, ip=None) -> cutlass.Int32:
-    """old = *addr; *addr += 1 (u32, shared)."""
-    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
-                                 "atom.shared.add.u32 $0, [$1], 1;", "=r,r", loc, ip))
-
-
-@dsl_user_op
-def _sts_zero(addr, *, loc=None, ip=None):
-    """*addr = 0 (u32, shared)."""
-    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], "st.shared.u32 [$0], 0;", "r", loc, ip)
-
-
-STEAL_STATIC = (3, 4)  # steal: the static share of a CTA's blocks per warp (num, den); the rest is claimed
-
-
-@dsl_user_op
 def _now(*, loc=None, ip=None) -> cutlass.Int64:
     """The GPU's global nanosecond timer."""
     return cutlass.Int64(_asm_se(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l", loc, ip))
@@ -153,14 +137,12 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", steal: bool = False):
+                 probe: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
-        if steal and (probe or not cpa or cols != 1):
-            raise ValueError("steal: the cp.async ring at T = 1, no probe")
-        self.probe, self.steal = probe, steal
+        self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
@@ -212,19 +194,13 @@ class GemvMmaSK(GemvMma):
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
                self._out_scale(mW, n_tiles, ngr))
-        if cutlass.const_expr(self.steal):  # the CTA's claim counter, zeroed before the staging barrier
-            ctr = smem.allocate_tensor(cutlass.Int32, cute.make_layout((4,)), byte_alignment=16)
-            if tidx == 0:
-                _sts_zero(ctr.iterator.toint())
-            b0 = ctr.iterator.toint()  # _run_steal splits the CTA's blocks itself; b0 passes the counter
-        run = self._run_steal if self.steal else self._run
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
-                run(geo, (0, 1), xsd, mR, mY, b0, b1)
+                self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
             else:
-                run(geo, (0, 1, 2), xsd, mR, mY, b0, b1)
+                self._run(geo, (0, 1, 2), xsd, mR, mY, b0, b1)
         else:
-            run(geo, (0,), xsd, mR, mY, b0, b1)
+            self._run(geo, (0,), xsd, mR, mY, b0, b1)
 
     def _tiles(self, u, m, n_tiles):
         return unit_tiles(self.epilogue, u, m, n_tiles)
@@ -332,153 +308,6 @@ class GemvMmaSK(GemvMma):
                 for e, t in enumerate((t0, t1, t2, t3, t4)):
                     _st_u64(at + 8 * e, t)
 
-    @cute.jit
-    def _run_steal(self, geo, sl, xsd, mR, mY, ctr, b1_unused):
-        """`_run` with a dynamic tail inside the CTA. The CTA's share of the blocks (c0 .. c1 - 1, as the
-        plain split gives its warps) is split into a static run per warp of 3/4 of an equal part
-        (STEAL_STATIC; the last warp also takes the few blocks that make the rest a multiple of S, the
-        ring's stages) and a pool of S-block chunks the warps claim from a shared-memory counter (`ctr`),
-        so the CTA's faster warps take more of it. A claim is issued one piece (run or chunk) ahead of the
-        load cursor (the first after the x staging barrier, which orders the counter's zeroing) and read
-        when the cursor gets to the piece's end; a unit end's counter is looked at at the warp's next unit
-        end (or after the run). Too few blocks for static runs of S - 1: the plain per-warp split, no pool.
-        The compute cursor trails the loads by S - 1 < S blocks, so it moves to the piece the load cursor
-        moved to last."""
-        w_ptr, ngr, npairs, high, scale, lane, k, m, n_tiles = geo[:9]
-        nb = len(sl)
-        S = self.ring_slots // nb
-        W = self.warps
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        nctas, _, _ = cute.arch.grid_dim()
-        w = tidx // 32
-        nblk = (m + 15) // 16 * npairs
-        c0 = cutlass.Int32(cutlass.Int64(bidx) * nblk // nctas)
-        c1 = cutlass.Int32(cutlass.Int64(bidx + 1) * nblk // nctas)
-        b0 = cutlass.Int32(cutlass.Int64(bidx * W + w) * nblk // (nctas * W))
-        b1 = cutlass.Int32(cutlass.Int64(bidx * W + w + 1) * nblk // (nctas * W))
-        share = (c1 - c0) * STEAL_STATIC[0] // (STEAL_STATIC[1] * W)
-        pool0 = c1
-        if share >= S - 1:
-            extra = (c1 - c0 - W * share) % S
-            b0 = c0 + w * share
-            b1 = b0 + share
-            if w == W - 1:
-                b1 = b1 + extra
-            pool0 = c0 + W * share + extra
-        cl = ((c1 - pool0) // S, pool0, npairs, ctr, S)
-        wb = cute.make_rmem_tensor((4, 2, nb, 1), cutlass.Int32)
-        hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, 1), cutlass.Int32)
-        sb = cute.make_rmem_tensor((2, nb, 1), cutlass.Int32)
-        wb.fill(0)
-        hbuf.fill(0)
-        sb.fill(0)
-        bufs = (wb, hbuf, sb, sb)
-        big = cutlass.Int32(0x3FFFFFFF)
-        lb, le = b0, b1  # load cursor: block lb (unit lu, pair lp) of the piece ending at le
-        lu = b0 // npairs
-        lp = b0 - lu * npairs
-        li = cutlass.Int32(0)  # blocks whose loads were issued
-        for st in cutlass.range_constexpr(S - 1):  # the static run's first blocks, before the wait
-            if lb < le:
-                self._load_cpa(geo, sl, lu, lp, st)
-                li = li + 1
-                lb = lb + 1
-                lp = lp + 1
-                if lp == npairs:
-                    lp = cutlass.Int32(0)
-                    lu = lu + 1
-            cute.arch.cp_async_commit_group()
-        gv = None
-        if cutlass.const_expr(self.norm):
-            gv = self.load_norm_w(xsd, k, ngr)
-        cute.arch.griddepcontrol_wait()
-        self._stage_x(xsd, k, ngr, gv)
-        cute.arch.sync_threads()
-        pend = cutlass.Int32(0)  # lane 0's claim in flight
-        if lane == 0:
-            pend = _count_shared(ctr)
-        xsr = self._xs_lane(xsd, lane)
-        cute.arch.griddepcontrol_launch_dependents()
-        n = big  # blocks this warp streams: known once a claim is refused
-        qs, qe = b0, b1  # the piece the load cursor moved to last (the compute cursor's next)
-        if lb == le:  # the static run is all loaded (or empty): read the claim now
-            lb, le, lu, lp, pend, n = self._next_piece(cl, pend, li, big)
-            qs, qe = lb, le
-
-        ops = DslOps()
-        kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
-        acc = cute.make_rmem_tensor((4, self.slots), cutlass.Float32)
-        acc.fill(0.0)
-        cb, ce = b0, b1  # compute cursor: block cb (unit u, pair p) of the piece ending at ce
-        u = cb // npairs
-        p = cb - u * npairs
-        seg = cutlass.Int32(0)
-        pu, pold, pseg = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)  # a unit end not looked at yet
-        i0 = cutlass.Int32(0)
-        while i0 < n:
-            for s in cutlass.range_constexpr(S):
-                i = i0 + s
-                if i + S - 1 < n:
-                    self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)
-                cute.arch.cp_async_commit_group()
-                cute.arch.cp_async_wait_group(S - 1)
-                if i + S - 1 < n:
-                    li = li + 1
-                    lb = lb + 1
-                    lp = lp + 1
-                    if lp == npairs:
-                        lp = cutlass.Int32(0)
-                        lu = lu + 1
-                    if lb == le:
-                        lb, le, lu, lp, pend, n = self._next_piece(cl, pend, li, big)
-                        qs, qe = lb, le
-                if i < n:
-                    self._ring_to_regs(geo, bufs, nb, s)
-                    self._compute(ops, kb, bufs, acc, sl, 0, p, xsr)
-                    seg = seg + 1
-                    p = p + 1
-                    cb = cb + 1
-                    if p == npairs or cb == ce:
-                        old = self._add(geo, sl, acc, u, seg)
-                        if pseg > 0:
-                            self._finish(geo, pu, pold, pseg, mR, mY)
-                        pu, pold, pseg = u, old, seg
-                        acc.fill(0.0)
-                        seg = cutlass.Int32(0)
-                        if p == npairs:
-                            p = cutlass.Int32(0)
-                            u = u + 1
-                        if cb == ce:  # on to the piece the load cursor moved to
-                            cb, ce = qs, qe
-                            u = cb // npairs
-                            p = cb - u * npairs
-            i0 = i0 + S
-        if pseg > 0:
-            self._finish(geo, pu, pold, pseg, mR, mY)
-
-    @cute.jit
-    def _next_piece(self, cl, pend, li, big):
-        """Read lane 0's claim in flight (cl: chunks, first pool block, pairs, the counter, chunk blocks):
-        (first block, end, its unit, its pair) of the claimed chunk, the next claim in flight, n = big; or,
-        refused, an empty piece and n = li (no more blocks)."""
-        n_chunks, pool0, npairs, ctr, c = cl
-        lane = cute.arch.lane_idx()
-        j = cute.arch.shuffle_sync(pend, offset=0)
-        n = big
-        lb = pool0 + j * c
-        le = lb + c
-        if j >= n_chunks:
-            n = li
-            lb = pool0
-            le = pool0
-        else:
-            if lane == 0:
-                pend = _count_shared(ctr)
-        lu = lb // npairs
-        lp = lb - lu * npairs
-        return lb, le, lu, lp, pend, n
-
     def _ring_addr(self, geo, nb, st, b):
         """Shared address of slot b of ring stage st of this warp (lane offsets added by the callers)."""
         return geo[12] + (st * nb + b) * self.slot_bytes
@@ -526,48 +355,6 @@ class GemvMmaSK(GemvMma):
         """Issue the weight loads of pair p of unit u's tile slots sl into register stage st."""
         w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
         self._load_tiles(w_ptr, self._tiles(u, m, n_tiles), ngr, high, scale, lane, bufs, sl, p, st)
-
-    @cute.jit
-    def _add(self, geo, sl, acc, u, seg):
-        """Add this warp's sums of unit u (seg pairs) into ws and (lane 0) seg into the unit's counter
-        (T = 1); returns the counter's previous value (lane 0's, 0 elsewhere) for `_finish`."""
-        m, n_tiles, n_w, cnt, part = geo[7], geo[8], geo[9], geo[10], geo[11]
-        lane = geo[5]
-        g, t = lane // 4, lane % 4
-        tiles = self._tiles(u, m, n_tiles)
-        if t == 0:
-            for b in cutlass.range_constexpr(len(sl)):
-                tile = tiles[sl[b]]
-                for h in cutlass.range_constexpr(2):
-                    row = 16 * tile + g + 8 * h
-                    if owned(self.epilogue, sl[b], tile, tiles, u, row, m, n_w, cutlass.Int32) != 0:
-                        _red_add(part + row * 4, acc[2 * h, sl[b]])
-        cute.arch.sync_warp()
-        old = cutlass.Int32(0)
-        if lane == 0:
-            old = _count(cnt + u * 4, seg)
-        return old
-
-    @cute.jit
-    def _finish(self, geo, u, old, seg, mR, mY):
-        """If unit u's counter read `old` (lane 0) before this warp's seg pairs, the warp completed the unit
-        (T = 1): it reads the sums back (zeroing them), applies the epilogue, stores y, zeroes the counter."""
-        npairs, lane, m, cnt, part = geo[2], geo[5], geo[7], geo[10], geo[11]
-        old = cute.arch.shuffle_sync(old, offset=0)
-        if old + seg == npairs:
-            cute.arch.fence_acq_rel_gpu()
-            o = 16 * u + lane % 16
-            if lane < 16:
-                if o < m:
-                    a = self._unscale(_take(part + o * 4), geo[13])
-                    if cutlass.const_expr(self.epilogue == "swiglu"):
-                        up = self._unscale(_take(part + (m + o) * 4), geo[13])
-                        a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
-                    if cutlass.const_expr(self.epilogue == "residual"):
-                        a = a + mR[0, o].to(cutlass.Float32)
-                    mY[0, o] = a.to(cutlass.BFloat16)
-            if lane == 0:
-                _zero(cnt + u * 4)
 
     @cute.jit
     def _flush(self, geo, sl, acc, u, seg, mR, mY):

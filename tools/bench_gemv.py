@@ -207,9 +207,6 @@ def main() -> None:
 
         fam = {f"{v}_k{kw}" for v, _, _ in extra if isinstance(v, str) for kw in mv.KW}
         vs = [v for v, _, _ in extra if not isinstance(v, str)] + [mv.gemv_mma_variant(nm) for nm in sorted(fam)]
-        if a.probe:  # and every Q4-Q6 stealing member, for the GPU test
-            vs += [v for f in ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S") for e in ("plain", "residual", "swiglu")
-                   for v in mv.steal_variants(f, e)]
         build_all(list({v.name: v for v in vs}.values()), ["sm_90a"], Path(a.build))
         return
     dev = Device.open()
@@ -287,7 +284,7 @@ def probe_cases() -> list:
     """The 27B decode's stream-K GEMVs (gate_up, down, the merged GDN q|k|v|z, the GDN output): the
     default member and its two probes."""
     return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
-            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi) + mv.steal_variants(fmt, epi)[:1]]
+            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)]
 
 
 def timeline_main(a) -> None:
@@ -351,16 +348,15 @@ def print_probe_table(rows: list) -> None:
         return v.partition("_sk")[2].replace("_probe_", "")
 
     by = {(r["shape"], tag(r["variant"])): r for r in rows if "_sk" in r["variant"]}
-    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us | steal us |")
-    print("|---|---|---|---|---|---|")
+    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us |")
+    print("|---|---|---|---|---|")
     for shape in dict.fromkeys(r["shape"] for r in rows):
         full, chain, empty = (by.get((shape, p)) for p in ("", "nochain", "empty"))
         if not (full and chain and empty):
             continue
         rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
-        st = by.get((shape, "_st"))
         print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
-              f"{empty['us']:.1f} | {rest:.1f} | {st['us'] if st else float('nan'):.1f} |")
+              f"{empty['us']:.1f} | {rest:.1f} |")
 
 
 def mma_cases(tune: bool) -> list:

@@ -173,8 +173,7 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
-                    steal: bool = False) -> Variant:
+                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "") -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
     SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
     `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py)."""
@@ -189,8 +188,6 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
-    if steal:
-        name += "_st"
     if probe:
         name += f"_probe_{probe}"
     w, x, r, y = gemv_tensors(epilogue)
@@ -199,7 +196,7 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"probe": probe} if probe else {}), **({"steal": True} if steal else {})),
+                    **({"probe": probe} if probe else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws, *norm_tensors(norm)), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
@@ -231,13 +228,6 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
     regs = ([make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=w, cpa=False) for c, w in ((1, 16), (2, 8))]
             + [make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=4, cpa=False) for c in (2, 3, 4)])
     return ring + regs
-
-
-def steal_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """The stream-K member with a dynamic tail (`_st`: the last quarter of a CTA's blocks claimed in chunks),
-    plain and with the norm folded in (not for residual)."""
-    return [make_sk_variant(fmt, epilogue, norm=nm, steal=True) for nm in (False, True)
-            if not (nm and epilogue == "residual")]
 
 
 def probe_variants(fmt: str, epilogue: str) -> list[Variant]:
