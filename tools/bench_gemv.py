@@ -84,6 +84,17 @@ def timed(fn, stream: Stream, reps: int) -> float:
     return statistics.median(out)
 
 
+def open_bench(pdl: bool, copy: bool = True) -> tuple:
+    """(device, stream launching with PDL or not, seeded rng, same-run D2D copy GB/s or None), logged."""
+    dev = Device.open()
+    stream = Stream.create()
+    stream.pdl = pdl
+    rate = copy_bandwidth(stream) if copy else None
+    if copy:
+        log(f"device {dev.name}  copy bandwidth {rate:.0f} GB/s (1 GiB D2D, read + write); PDL {'on' if pdl else 'off'}")
+    return dev, stream, np.random.default_rng(0), rate
+
+
 def copy_bandwidth(stream: Stream, nbytes: int = 1 << 30) -> float:
     src, dst = device_alloc(nbytes, "copy_src"), device_alloc(nbytes, "copy_dst")
     memset_d8(src, 0x3C)
@@ -209,12 +220,7 @@ def main() -> None:
         vs = [v for v, _, _ in extra if not isinstance(v, str)] + [mv.gemv_mma_variant(nm) for nm in sorted(fam)]
         build_all(list({v.name: v for v in vs}.values()), ["sm_90a"], Path(a.build))
         return
-    dev = Device.open()
-    stream = Stream.create()
-    stream.pdl = a.pdl
-    rng = np.random.default_rng(0)
-    copy = copy_bandwidth(stream)
-    log(f"device {dev.name}  copy bandwidth {copy:.0f} GB/s (1 GiB D2D, read + write); PDL {'on' if a.pdl else 'off'}")
+    dev, stream, rng, copy = open_bench(a.pdl)
     cols_list = (1, 8) if a.quick else (1, 2, 4, 8)
     cases = []  # (label, kernel, fmt, shape)
     for fmt in ([] if a.mma or a.probe else FMT_SHORT):
@@ -293,10 +299,7 @@ def timeline_main(a) -> None:
     the earliest wait return, as percentiles over the warps."""
     from inferno.cuda.copy import from_device
 
-    dev = Device.open()
-    stream = Stream.create()
-    stream.pdl = a.pdl
-    rng = np.random.default_rng(0)
+    dev, stream, rng, _ = open_bench(a.pdl, copy=False)
     names = ("entered", "waited", "staged", "last flush", "ended")
     print(f"device {dev.name}; PDL {'on' if a.pdl else 'off'}; us from the first PDL wait's return, "
           "percentiles 0 / 50 / 100 over the warps")
@@ -462,12 +465,7 @@ def nvfp4_main(a) -> None:
         vs = {v.name: v for _, v, _, _ in cases if v is not None}
         build_all(list(vs.values()), ["sm_90a"], Path(a.build))
         return
-    dev = Device.open()
-    stream = Stream.create()
-    stream.pdl = a.pdl
-    rng = np.random.default_rng(0)
-    copy = copy_bandwidth(stream)
-    log(f"device {dev.name}  copy bandwidth {copy:.0f} GB/s (1 GiB D2D, read + write); PDL {'on' if a.pdl else 'off'}")
+    dev, stream, rng, copy = open_bench(a.pdl)
     rows_out = []
     for shape, epi in NVFP4_COMBOS:
         n, k = SHAPES[shape]

@@ -51,26 +51,19 @@ def main() -> None:
 
         build_variant(probe_variant(), "sm_90a", Path(a.build))
         return
-    from bench_gemv import Weights, copy_bandwidth, log, timed
+    from bench_gemv import Weights, open_bench, timed
 
     from inferno.cuda.copy import memset_d8, to_device
-    from inferno.cuda.device import Device
     from inferno.cuda.graph import Graph
     from inferno.cuda.launch import launch
     from inferno.cuda.memory import device_alloc
     from inferno.cuda.params import TensorArg
-    from inferno.cuda.stream import Stream
     from inferno.kernels import gemv_mma_variants as mv
     from inferno.kernels import qlayout as ql
     from inferno.kernels.cache import load
     from inferno.kernels.reference import bf16
 
-    dev = Device.open()
-    stream = Stream.create()
-    stream.pdl = a.pdl
-    rng = np.random.default_rng(0)
-    copy = copy_bandwidth(stream)
-    log(f"device {dev.name}  copy {copy:.0f} GB/s; PDL {'on' if a.pdl else 'off'}")
+    dev, stream, rng, copy = open_bench(a.pdl)
     (n_a, h), (_, inter) = GATE_UP, DOWN
     wa = Weights("Q4G64_F16S", n_a, h, ql.random_payload("Q4G64_F16S", n_a, h, rng), tiled=True)
     wb = Weights("Q5G64_F16S", h, inter, ql.random_payload("Q5G64_F16S", h, inter, rng), tiled=True)
