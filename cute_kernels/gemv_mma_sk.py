@@ -108,13 +108,19 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
 
 
 PROBES = ("", "nochain", "empty", "timeline")  # probes for the benchmark only (results wrong or extra writes)
-TIMELINE = 5  # "timeline": u64 %globaltimer stamps per warp after ws's normal words
+TIMELINE = 7  # "timeline": u64 words per warp after ws's: 5 %globaltimer stamps, %smid, first block | blocks << 32
 
 
 @dsl_user_op
 def _now(*, loc=None, ip=None) -> cutlass.Int64:
     """The GPU's global nanosecond timer."""
     return cutlass.Int64(_asm_se(T.i64(), [], "mov.u64 $0, %globaltimer;", "=l", loc, ip))
+
+
+@dsl_user_op
+def _smid(*, loc=None, ip=None) -> cutlass.Int32:
+    """The SM this thread runs on."""
+    return cutlass.Int32(_asm_se(T.i32(), [], "mov.u32 $0, %smid;", "=r", loc, ip))
 
 
 @dsl_user_op
@@ -132,8 +138,9 @@ class GemvMmaSK(GemvMma):
     skips the unit counters and the finishing warps' read-back and epilogue (the flush's dependent L2
     round trips at the end of a run); "empty" stages x and exits (a launch's fixed cost: PDL wait, x
     staging, the ring's first loads, no stream); "timeline" computes the same but lane 0 of every warp
-    also writes TIMELINE %globaltimer stamps after ws's words (at 8-aligned ws end + 8 TIMELINE warp):
-    entering the run, after the PDL wait, after the x staging, before the last flush, after it."""
+    also writes TIMELINE words after ws's words (at 8-aligned ws end + 8 TIMELINE warp): %globaltimer
+    entering the run, after the PDL wait, after the x staging, before the last flush and after it; the SM
+    (%smid); the run's first block | its block count << 32."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
@@ -305,7 +312,8 @@ class GemvMmaSK(GemvMma):
                 bidx, _, _ = cute.arch.block_idx()
                 end = (geo[11] + self.cols * geo[9] * 4 + 7) // 8 * 8
                 at = end + (bidx * self.warps + tidx // 32) * (8 * TIMELINE)
-                for e, t in enumerate((t0, t1, t2, t3, t4)):
+                info = (cutlass.Int64(_smid()), cutlass.Int64(b0) + (cutlass.Int64(n) << 32))
+                for e, t in enumerate((t0, t1, t2, t3, t4) + info):
                     _st_u64(at + 8 * e, t)
 
     def _ring_addr(self, geo, nb, st, b):

@@ -296,15 +296,17 @@ def probe_cases() -> list:
 def timeline_main(a) -> None:
     """Per 27B stream-K shape: the last of >= 24 graph-replayed launches of the `timeline` probe; per
     warp its stamps (run entered, PDL wait returned, x staged, last flush begins, run ends), relative to
-    the earliest wait return, as percentiles over the warps."""
+    the earliest wait return, as percentiles over the warps; `--out F.npz` keeps every warp's stamps with
+    its SM, first block and block count."""
     from inferno.cuda.copy import from_device
 
     dev, stream, rng, _ = open_bench(a.pdl, copy=False)
     names = ("entered", "waited", "staged", "last flush", "ended")
+    saved: dict = {}  # per shape: the stamps (us) and each warp's SM, first block and block count (--out: npz)
     print(f"device {dev.name}; PDL {'on' if a.pdl else 'off'}; us from the first PDL wait's return, "
           "percentiles 0 / 50 / 100 over the warps")
     print("| shape | " + " | ".join(names) + " | staging p50 | last flush p50 | stream end: spread in a CTA "
-          "(mean) / of CTA medians |")
+          "(mean) / of CTA medians / of warp-slot medians |")
     print("|---|" + "---|" * (len(names) + 3))
     for fmt, shape, epi in PROBE_COMBOS:
         n, k = SHAPES[shape]
@@ -326,15 +328,19 @@ def timeline_main(a) -> None:
         base = mv.sk_workspace_bytes(m, n, 1)
         base += -(int(ws.ptr) + base) % 8
         raw = from_device(ws, np.uint8, (ws.nbytes,))[base:base + 8 * mv.TIMELINE * grid * warps]
-        t = raw.view(np.int64).reshape(grid * warps, mv.TIMELINE).astype(np.float64)
+        words = raw.view(np.int64).reshape(grid * warps, mv.TIMELINE)
+        t = words[:, :len(names)].astype(np.float64)
         t = (t - t[:, 1].min()) / 1e3
+        saved[shape] = dict(us=t, sm=words[:, 5], first_block=words[:, 6] & 0xFFFFFFFF, blocks=words[:, 6] >> 32)
         cols = [f"{np.percentile(t[:, e], 0):.1f} / {np.percentile(t[:, e], 50):.1f} / {t[:, e].max():.1f}"
-                for e in range(mv.TIMELINE)]
+                for e in range(len(names))]
         end = t[:, 3].reshape(grid, warps)
         within = float((end.max(1) - end.min(1)).mean())
         across = float(np.median(end, 1).max() - np.median(end, 1).min())
+        by_slot = float(np.median(end, 0).max() - np.median(end, 0).min())  # a warp's index in its CTA
         print(f"| {shape} [{n}x{k}] | " + " | ".join(cols) +
-              f" | {np.median(t[:, 2] - t[:, 1]):.2f} | {np.median(t[:, 4] - t[:, 3]):.2f} | {within:.1f} / {across:.1f} |")
+              f" | {np.median(t[:, 2] - t[:, 1]):.2f} | {np.median(t[:, 4] - t[:, 3]):.2f} | {within:.1f} / {across:.1f}"
+              f" / {by_slot:.1f} |")
         ge.close()
         g.close()
         kern.free()
@@ -342,6 +348,9 @@ def timeline_main(a) -> None:
         for b in (x, y, r):
             if b is not None:
                 b.free()
+    if a.out:
+        np.savez(a.out, **{f"{sh}_{key}": v for sh, d in saved.items() for key, v in d.items()})
+        print(f"wrote {a.out} (per shape: us [warps, 5], sm, first_block, blocks)")
 
 
 def print_probe_table(rows: list) -> None:
