@@ -223,7 +223,7 @@ def bench(
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
     prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="prefill length (default: cuda 7680, cpu 64)"),
     decode_tokens: Optional[int] = typer.Option(None, "--decode-tokens", help="tokens generated (default: cuda 256, cpu 16)"),
-    contexts: Optional[str] = typer.Option(None, "--contexts", help="more prompt lengths, e.g. 65536,262144 (skipped when they do not fit)"),
+    contexts: Optional[str] = typer.Option(None, "--contexts", help="more prompt lengths, e.g. 65536,262144 (one at the model's positions runs with the prompt shortened by the decode tokens; longer ones, or ones that do not fit the GPU, are skipped)"),
     reps: Optional[int] = typer.Option(None, "--reps", help="timed repetitions per case (default: cuda 5, cpu 3)"),
     warmup: int = typer.Option(1, "--warmup", help="untimed repetitions first"),
     prefill_chunk: str = typer.Option(
