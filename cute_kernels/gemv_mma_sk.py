@@ -107,8 +107,9 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
-PROBES = ("", "nochain", "empty", "timeline")  # probes for the benchmark only (results wrong or extra writes)
-TIMELINE = 7  # "timeline": u64 words per warp after ws's: 5 %globaltimer stamps, %smid, first block | blocks << 32
+PROBES = ("", "nochain", "empty", "timeline", "nocompute", "lockstep")  # benchmark only (wrong results / extra writes)
+TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
+TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
 
 
 @dsl_user_op
@@ -140,7 +141,10 @@ class GemvMmaSK(GemvMma):
     staging, the ring's first loads, no stream); "timeline" computes the same but lane 0 of every warp
     also writes TIMELINE words after ws's words (at 8-aligned ws end + 8 TIMELINE warp): %globaltimer
     entering the run, after the PDL wait, after the x staging, before the last flush and after it; the SM
-    (%smid); the run's first block | its block count << 32."""
+    (%smid); the run's first block | its block count << 32; then the time each of the run's first TRACE
+    blocks is in the ring (after its cp.async wait). "nocompute" streams the ring but neither decodes nor
+    multiplies (the loop's memory side alone); "lockstep" is the member with a CTA barrier after every ring
+    round all its warps run (warps kept in step: does it balance their stream ends?)."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
@@ -223,6 +227,17 @@ class GemvMmaSK(GemvMma):
         n = b1 - b0
         tl = self.probe == "timeline"
         t0 = _now() if tl else None
+        at = cutlass.Int64(0)
+        if cutlass.const_expr(tl):
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            end = (geo[11] + self.cols * geo[9] * 4 + 7) // 8 * 8
+            at = end + (bidx * self.warps + tidx // 32) * (8 * TIMELINE)
+        nmin = cutlass.Int32(0)  # lockstep: rounds every warp of the CTA runs (each has >= nblk // nwarps blocks)
+        if cutlass.const_expr(self.probe == "lockstep"):
+            nctas, _, _ = cute.arch.grid_dim()
+            nblk = cutlass.Int64(geo[2]) * ((geo[7] + 15) // 16)
+            nmin = cutlass.Int32(nblk // (nctas * self.warps)) // S
         wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)
         hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
         sb = cute.make_rmem_tensor((2, nb, S), cutlass.Int32)
@@ -283,12 +298,17 @@ class GemvMmaSK(GemvMma):
                 if cutlass.const_expr(self.cpa):
                     cute.arch.cp_async_commit_group()
                     cute.arch.cp_async_wait_group(S - 1)
+                if cutlass.const_expr(tl):
+                    if i < TRACE and i < n and lane == 0:
+                        _st_u64(at + 8 * (7 + i), _now())
                 lp = lp + 1
                 if lp == npairs:
                     lp = cutlass.Int32(0)
                     lu = lu + 1
                 if i < n:
-                    if cutlass.const_expr(self.cpa):
+                    if cutlass.const_expr(self.probe == "nocompute"):
+                        pass
+                    elif cutlass.const_expr(self.cpa):
                         self._ring_to_regs(geo, bufs, nb, s)
                         self._compute(ops, kb, bufs, acc, sl, 0, p, xsr)
                     else:
@@ -305,13 +325,12 @@ class GemvMmaSK(GemvMma):
                         if p == npairs:
                             p = cutlass.Int32(0)
                             u = u + 1
+            if cutlass.const_expr(self.probe == "lockstep"):
+                if rd < nmin:
+                    cute.arch.barrier(barrier_id=1, number_of_threads=self.threads)
         if cutlass.const_expr(tl):
             t4 = _now()
             if lane == 0:
-                tidx, _, _ = cute.arch.thread_idx()
-                bidx, _, _ = cute.arch.block_idx()
-                end = (geo[11] + self.cols * geo[9] * 4 + 7) // 8 * 8
-                at = end + (bidx * self.warps + tidx // 32) * (8 * TIMELINE)
                 info = (cutlass.Int64(_smid()), cutlass.Int64(b0) + (cutlass.Int64(n) << 32))
                 for e, t in enumerate((t0, t1, t2, t3, t4) + info):
                     _st_u64(at + 8 * e, t)

@@ -373,14 +373,15 @@ def _cuobjdump() -> str | None:
 
 def test_probe_variants(tmp_path):
     """The benchmark's stream-K probes build; in their SASS (where cuobjdump is installed) `nochain` keeps
-    the row sums' reds but no unit-counter atomics, `empty` has no mma at all; the member is untouched."""
+    the row sums' reds but no unit-counter atomics, `empty` and `nocompute` have no mma at all, `lockstep`
+    one more barrier than the member; the member is untouched."""
     import subprocess
 
     from inferno.kernels.build import build_variant
 
     probes = mv.probe_variants("Q5G64_F16S", "residual")
-    assert [v.name for v in probes] == ["gemv_mma_q5_t1_res_sk_probe_nochain", "gemv_mma_q5_t1_res_sk_probe_empty",
-                                        "gemv_mma_q5_t1_res_sk_probe_timeline"]
+    assert [v.name for v in probes] == [f"gemv_mma_q5_t1_res_sk_probe_{p}"
+                                        for p in ("nochain", "empty", "nocompute", "lockstep", "timeline")]
     assert all(v.name not in {m.name for m in mv.GEMV_MMA_VARIANTS} for v in probes)  # never the executor's
     member = mv.make_sk_variant("Q5G64_F16S", "residual")
     assert "probe" not in member.config
@@ -397,6 +398,8 @@ def test_probe_variants(tmp_path):
     assert "ATOM" in sass[""] and "RED" in sass[""] and "HMMA" in sass[""]
     assert "ATOM" not in sass["nochain"] and "RED" in sass["nochain"] and "HMMA" in sass["nochain"]
     assert "HMMA" not in sass["empty"] and "RED" not in sass["empty"]
+    assert "HMMA" not in sass["nocompute"] and "LDGSTS" in sass["nocompute"] and "RED" in sass["nocompute"]
+    assert sass["lockstep"].count("BAR.SYNC") == sass[""].count("BAR.SYNC") + 1
     assert "GLOBALTIMER" in sass["timeline"] and "GLOBALTIMER" not in sass[""]
 
 

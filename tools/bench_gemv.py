@@ -21,8 +21,9 @@ and --compare cases). --nvfp4 times the NVFP4 tensor-core family (`gemv_mma_nvfp
 (`gemv_nvfp4_t1*`, the payload as is) on the 27B NVFP4 shapes, and prints its own table last.
 --probe times, on the 27B stream-K shapes, the default stream-K member against its probes (wrong
 results, timing only): `_probe_nochain` (no unit counters / finishing read-back at the end of a run)
-and `_probe_empty` (x staged, nothing streamed: a launch's fixed cost), and prints what each part
-costs per launch.
+`_probe_empty` (x staged, nothing streamed: a launch's fixed cost), `_probe_nocompute` (the ring streamed,
+nothing decoded or multiplied) and `_probe_lockstep` (a CTA barrier per ring round: warps kept in step),
+and prints what each part costs per launch.
 """
 
 from __future__ import annotations
@@ -331,7 +332,10 @@ def timeline_main(a) -> None:
         words = raw.view(np.int64).reshape(grid * warps, mv.TIMELINE)
         t = words[:, :len(names)].astype(np.float64)
         t = (t - t[:, 1].min()) / 1e3
-        saved[shape] = dict(us=t, sm=words[:, 5], first_block=words[:, 6] & 0xFFFFFFFF, blocks=words[:, 6] >> 32)
+        trace = words[:, 7:].astype(np.float64)
+        trace = np.where(np.arange(trace.shape[1]) < (words[:, 6:7] >> 32), (trace - words[:, 1].min()) / 1e3, np.nan)
+        saved[shape] = dict(us=t, sm=words[:, 5], first_block=words[:, 6] & 0xFFFFFFFF, blocks=words[:, 6] >> 32,
+                            trace=trace)
         cols = [f"{np.percentile(t[:, e], 0):.1f} / {np.percentile(t[:, e], 50):.1f} / {t[:, e].max():.1f}"
                 for e in range(len(names))]
         end = t[:, 3].reshape(grid, warps)
@@ -350,7 +354,8 @@ def timeline_main(a) -> None:
                 b.free()
     if a.out:
         np.savez(a.out, **{f"{sh}_{key}": v for sh, d in saved.items() for key, v in d.items()})
-        print(f"wrote {a.out} (per shape: us [warps, 5], sm, first_block, blocks)")
+        print(f"wrote {a.out} (per shape: us [warps, 5], sm, first_block, blocks, trace [warps, {mv.TIMELINE - 7}]: "
+              "us when each block was in shared memory)")
 
 
 def print_probe_table(rows: list) -> None:
@@ -360,15 +365,18 @@ def print_probe_table(rows: list) -> None:
         return v.partition("_sk")[2].replace("_probe_", "")
 
     by = {(r["shape"], tag(r["variant"])): r for r in rows if "_sk" in r["variant"]}
-    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us |")
-    print("|---|---|---|---|---|")
+    print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us | "
+          "no compute us | lockstep us |")
+    print("|---|---|---|---|---|---|---|")
     for shape in dict.fromkeys(r["shape"] for r in rows):
-        full, chain, empty = (by.get((shape, p)) for p in ("", "nochain", "empty"))
+        full, chain, empty, nocomp, lock = (by.get((shape, p)) for p in ("", "nochain", "empty", "nocompute",
+                                                                         "lockstep"))
         if not (full and chain and empty):
             continue
         rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
+        opt = [f"{r['us']:.1f}" if r else "-" for r in (nocomp, lock)]
         print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
-              f"{empty['us']:.1f} | {rest:.1f} |")
+              f"{empty['us']:.1f} | {rest:.1f} | {opt[0]} | {opt[1]} |")
 
 
 def mma_cases(tune: bool) -> list:

@@ -168,7 +168,7 @@ REG_SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", Tr
 SK_CTAS, SK_WARPS = 1, 16  # the stream-K grid: CTAs per SM, warps per CTA
 SK_MIN_BLOCKS = 4  # blocks per warp at least (small problems use fewer CTAs)
 COUNTER_ALIGN = 32  # cute_kernels/gemv_mma_sk.py: counters padded before the fp32 sums
-TIMELINE = 7  # cute_kernels/gemv_mma_sk.py TIMELINE: u64 words per warp of the "timeline" probe
+TIMELINE = 7 + 32  # cute_kernels/gemv_mma_sk.py TIMELINE: u64 words per warp of the "timeline" probe
 SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
@@ -231,10 +231,10 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
 
 
 def probe_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """The default stream-K member with its flush chain skipped, with no stream at all (timing probes of a
-    launch's fixed cost for `tools/bench_gemv.py --probe`; their outputs are wrong), and with per-warp
-    %globaltimer stamps (`--timeline`)."""
-    return [make_sk_variant(fmt, epilogue, probe=p) for p in ("nochain", "empty", "timeline")]
+    """The default stream-K member with its flush chain skipped, with no stream at all, streaming without
+    computing (timing probes for `tools/bench_gemv.py --probe`; their outputs are wrong), kept in step by
+    a CTA barrier per ring round, and with per-warp %globaltimer stamps (`--timeline`)."""
+    return [make_sk_variant(fmt, epilogue, probe=p) for p in ("nochain", "empty", "nocompute", "lockstep", "timeline")]
 
 
 def sk_workspace_bytes(m: int, n_w: int, cols: int) -> int:
