@@ -326,8 +326,7 @@ def timeline_main(a) -> None:
         stream.synchronize()
         (ws,) = kern._ws.values()
         grid, warps = kern.grid(m, k), kern.warps
-        base = mv.sk_workspace_bytes(m, n, 1)
-        base += -(int(ws.ptr) + base) % 8
+        base = mv.sk_workspace_bytes(m, epi, grid * warps)
         raw = from_device(ws, np.uint8, (ws.nbytes,))[base:base + 8 * mv.TIMELINE * grid * warps]
         words = raw.view(np.int64).reshape(grid * warps, mv.TIMELINE)
         t = words[:, :len(names)].astype(np.float64)
