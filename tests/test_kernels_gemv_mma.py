@@ -291,27 +291,36 @@ def test_family_members_and_choice():
         only_xs.member(64, mv.KMAX + 8)
 
 
+def _warp_of(b: int, nwarps: int, nblk: int) -> int:
+    return -(-(b + 1) * nwarps // nblk) - 1  # cute_kernels/gemv_mma_sk.py _warp_of
+
+
 @pytest.mark.parametrize("units,pairs,nwarps", [(1, 1, 16), (3, 2, 16), (1088, 40, 2112), (320, 136, 2112),
                                                  (1024, 40, 2112), (320, 24, 2112), (7, 5, 48), (63, 68, 2112)])
 def test_stream_k_finishers(units, pairs, nwarps):
-    """The kernel's split and finishing rule (cute_kernels/gemv_mma_sk.py, same integer formulas): every
-    unit is finished by one warp whose polled contributors' published first segments and its own segment
-    cover the unit's blocks exactly once, and every published segment is polled by exactly one finisher."""
+    """The kernel's split and both finishing rules (cute_kernels/gemv_mma_sk.py, same integer formulas).
+    static: every unit is finished by one warp whose polled contributors' published first segments and its
+    own segment cover the unit's blocks exactly once, and every published segment is polled exactly once.
+    last: the slots the finishing warp reads for a unit (whoever it is) are exactly those its other
+    segments were published in, and they cover the unit's blocks with its own exactly once."""
     nblk = units * pairs
     b0 = [w * nblk // nwarps for w in range(nwarps + 1)]
     published, polled, covered = set(), [], {}
+    segs: dict = {}  # unit -> [(warp, slot or None when wholly inside the run, (lo, hi))]
     for w in range(nwarps):
         lo, hi = b0[w], b0[w + 1]
         b = lo
         while b < hi:  # the run's segments: [b, min(unit end, hi))
             u = b // pairs
             end = min((u + 1) * pairs, hi)
-            if u * pairs < lo:  # publish (the run's first segment began before the run)
+            inside = u * pairs >= lo and (u + 1) * pairs <= hi
+            segs.setdefault(u, []).append((w, None if inside else int(u * pairs >= lo), (b, end)))
+            if u * pairs < lo:  # static: publish (the run's first segment began before the run)
                 assert b == lo and w not in published
                 published.add(w)
-            else:  # finish: own segment, then the contributors' slots
+            else:  # static: finish: own segment, then the contributors' slots
                 covered.setdefault(u, []).append((b, end))
-                last = ((u + 1) * pairs * nwarps + nblk - 1) // nblk - 1
+                last = _warp_of((u + 1) * pairs - 1, nwarps, nblk)
                 for c in range(w + 1, last + 1):
                     if b0[c + 1] > b0[c]:
                         polled.append(c)
@@ -321,6 +330,15 @@ def test_stream_k_finishers(units, pairs, nwarps):
     for u in range(units):
         blocks = sorted(x for lo, hi in covered[u] for x in range(lo, hi))
         assert blocks == list(range(u * pairs, (u + 1) * pairs))
+        # last: the finisher reads warps first..last (non-empty), slot 1 if the unit starts inside the run
+        first, last = _warp_of(u * pairs, nwarps, nblk), _warp_of((u + 1) * pairs - 1, nwarps, nblk)
+        reads = [(c, int(u * pairs >= b0[c])) for c in range(first, last + 1) if b0[c + 1] > b0[c]]
+        if len(reads) == 1:
+            assert segs[u] == [(first, None, (u * pairs, (u + 1) * pairs))]
+        else:
+            assert reads == [(w, slot) for w, slot, _ in segs[u]]
+            blocks = sorted(x for _, _, (lo, hi) in segs[u] for x in range(lo, hi))
+            assert blocks == list(range(u * pairs, (u + 1) * pairs))
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
@@ -381,14 +399,14 @@ def _cuobjdump() -> str | None:
 def test_probe_variants(tmp_path):
     """The benchmark's stream-K probes build; in their SASS (where cuobjdump is installed) the member has no
     atomics (finishers poll flagged words), `nochain` publishes but never polls, `empty` and `nocompute`
-    have no mma at all, `lockstep` one more barrier than the member; the member is untouched."""
+    have no mma at all; the member is untouched."""
     import subprocess
 
     from inferno.kernels.build import build_variant
 
     probes = mv.probe_variants("Q5G64_F16S", "residual")
     assert [v.name for v in probes] == [f"gemv_mma_q5_t1_res_sk_probe_{p}"
-                                        for p in ("nochain", "empty", "nocompute", "lockstep", "timeline")]
+                                        for p in ("nochain", "empty", "nocompute", "timeline")]
     assert all(v.name not in {m.name for m in mv.GEMV_MMA_VARIANTS} for v in probes)  # never the executor's
     member = mv.make_sk_variant("Q5G64_F16S", "residual")
     assert "probe" not in member.config
@@ -408,7 +426,6 @@ def test_probe_variants(tmp_path):
     assert poll not in sass["nochain"] and publish in sass["nochain"] and "HMMA" in sass["nochain"]
     assert "HMMA" not in sass["empty"] and publish not in sass["empty"]
     assert "HMMA" not in sass["nocompute"] and "LDGSTS" in sass["nocompute"] and publish in sass["nocompute"]
-    assert sass["lockstep"].count("BAR.SYNC") == sass[""].count("BAR.SYNC") + 1
     assert "GLOBALTIMER" in sass["timeline"] and "GLOBALTIMER" not in sass[""]
 
 
