@@ -13,27 +13,18 @@ cp.async-copies its own bytes of a block (16 base bytes per group, its high byte
 and reads them back with LDS when the block is computed, so no lane waits on another and the bytes in
 flight cost no registers (`cp.async.wait_group stages - 1` before each block).
 
-A run crosses unit boundaries; every unit is finished by one warp. `finish="static"` (the default: no
-atomics) -- the **finisher** of
+A run crosses unit boundaries; every unit is finished by one warp, with no atomics. The **finisher** of
 unit u is the warp whose run holds u's first block: its segment of u is the end of its run (or all of u).
 The later warps whose runs begin inside u (**contributors**: their first segment is u's rest; at most one
 such segment per warp) publish their fp32 row sums in their own `ws` slot, each sum in one relaxed 64-bit
-store together with the flag 1 (value and flag are one single-copy-atomic word: no fence). The finisher
-polls its contributors' slots (a quad's 4 lanes 4 warps at a time) until every flag reads 1, adds them to
-its own sums (a fixed order: the result does not depend on timing), clears the words, applies the
-epilogue and stores y; `ws` is all zero again after every launch. A contributor's first segment ends at
-the start of its run (or at its end, when the run lies inside u), so the finisher rarely waits, and the
-end of a run costs one L2 round trip at most (the publish is fire-and-forget). ws: per warp of the grid
-`ws_slots(nb)` 64-bit words = 16 rows x nb tile slots (nb: 1, swiglu 2, or 3 when M % 16 != 0: the up rows
-of a unit may span two tiles), word (slot b, row) at 16 b + row.
-
-`finish="last"`: the warp that completes a unit's pair count finishes it. Every segment of a unit that is
-not wholly inside its run is published (flagged words, as above, in the warp's slot for its first or its
-last segment), then lane 0 adds the segment's pairs to the unit's counter (`atom.relaxed.gpu`, no fence:
-the flags order the data); the warp that brings it to `pairs` polls every contributor's words in warp
-order (its own from registers: a fixed sum order), clears them and the counter, applies the epilogue and
-stores y. ws: u32 counters [units] padded to 128 bytes, then 2 slots of `ws_slots(nb)` words per warp.
-The launcher owns and zeroes the workspace once (`ws_bytes`).
+store together with the flag 1 (value and flag are one single-copy-atomic word: no fence). The finisher's
+lanes poll their contributors' words (lane (half, r): row r of every other contributor, the loads of
+`POLL` contributors issued together) until every flag reads 1, add them, then its own sums (a fixed
+order: the result does not depend on timing), clear the words, apply the epilogue and store y; `ws` is
+all zero again after every launch. The publish is fire-and-forget, so the end of a run costs one L2 round
+trip at most, plus the wait for the unit's slowest contributor. ws: per warp of the grid `ws_slots(nb)`
+64-bit words = 16 rows x nb tile slots (nb: 1, swiglu 2, or 3 when M % 16 != 0: the up rows of a unit may
+span two tiles), word (slot b, row) at 16 b + row; the launcher owns and zeroes it once.
 """
 
 import cuda.bindings.driver as cuda
@@ -81,21 +72,6 @@ def _clear(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def _count(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
-    """old = *addr; *addr += v (u32, global, relaxed at GPU scope)."""
-    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip),
-                                          cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
-                                 "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
-
-
-@dsl_user_op
-def _zero(addr, *, loc=None, ip=None):
-    """*addr = 0 (u32, relaxed at GPU scope)."""
-    _asm_se(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)], "st.relaxed.gpu.global.u32 [$0], 0;", "l",
-            loc, ip)
-
-
-@dsl_user_op
 def _cp_async(dst, src, nbytes: int, *, loc=None, ip=None):
     """Asynchronous copy of nbytes (4, 8, 16) from global src to shared dst (16: L2 only)."""
     cache = "cg" if nbytes == 16 else "ca"
@@ -122,15 +98,7 @@ def ws_slots(nb: int) -> int:
     return 16 * nb
 
 
-def ws_bytes(finish: str, units, nb: int, nwarps):
-    """Workspace bytes (Python ints or DSL values): "static" a slot per warp, "last" the unit counters
-    padded to 128 bytes, then 2 slots per warp (its first and its last segment)."""
-    if finish == "static":
-        return nwarps * ws_slots(nb) * 8
-    return (units + 31) // 32 * 128 + 2 * nwarps * ws_slots(nb) * 8
-
-
-FINISH = ("static", "last")  # who finishes a unit (module docstring)
+POLL = 4  # contributors a finisher's lane polls per round (the loads issued together): 8 per warp and round
 PROBES = ("", "nochain", "empty", "timeline", "nocompute")  # benchmark only (wrong results / extra writes)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
@@ -160,8 +128,8 @@ class GemvMmaSK(GemvMma):
     per warp in registers or (`cpa`) in a shared-memory ring, x for K <= kmax in shared memory.
 
     `probe` (tools/bench_gemv.py --probe, never the executor): "nochain" publishes every segment's row sums
-    and finishes no unit (no finisher waits, reads back or stores y); "empty" stages x and exits (a launch's fixed cost: PDL wait, x
-    staging, the ring's first loads, no stream); "timeline" computes the same but lane 0 of every warp
+    and finishes no unit (no finisher waits, reads back or stores y); "empty" stages x and exits (a
+    launch's fixed cost: PDL wait, x staging, the ring's first loads, no stream); "timeline" computes the same but lane 0 of every warp
     also writes TIMELINE words after ws's words (at ws + 8 (nwarps ws_slots + TIMELINE warp)): %globaltimer
     entering the run, after the PDL wait, after the x staging, before the last flush and after it; the SM
     (%smid); the run's first block | its block count << 32; then the time each of the run's first TRACE
@@ -170,12 +138,9 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", finish: str = "static"):
+                 probe: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
-        if finish not in FINISH:
-            raise ValueError(f"finish must be one of {FINISH}")
-        self.finish = finish
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
         if cols != 1:
@@ -229,7 +194,7 @@ class GemvMmaSK(GemvMma):
                 ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.ring_bytes() // 4,)), byte_alignment=16)
             ring0 = ring.iterator.toint() + warp * (self.ring_slots * self.slot_bytes)
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, mWs.iterator.toint(),
-               (wg, nwarps, cutlass.Int64(nblk), b0, b1), ring0, self._out_scale(mW, n_tiles, ngr), n_units)
+               (wg, nwarps, cutlass.Int64(nblk), b0), ring0, self._out_scale(mW, n_tiles, ngr))
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
@@ -255,7 +220,7 @@ class GemvMmaSK(GemvMma):
         wg, nwarps, nblk = geo[11][:3]
         at = cutlass.Int64(0)
         if cutlass.const_expr(tl):  # this warp's words after the workspace
-            at = geo[10] + ws_bytes(self.finish, geo[14], nb, nwarps) + wg * (TIMELINE * 8)
+            at = geo[10] + (nwarps * ws_slots(nb) + wg * TIMELINE) * 8
         wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)
         hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
         sb = cute.make_rmem_tensor((2, nb, S), cutlass.Int32)
@@ -304,7 +269,6 @@ class GemvMmaSK(GemvMma):
         acc.fill(0.0)
         u = b0 // npairs  # compute cursor
         p = b0 - u * npairs
-        seg = cutlass.Int32(0)
         for rd in cutlass.range((n + S - 1) // S, unroll=1):
             for s in cutlass.range_constexpr(S):
                 i = rd * S + s
@@ -331,18 +295,16 @@ class GemvMmaSK(GemvMma):
                         self._compute(ops, kb, bufs, acc, sl, 0, p, xsr)
                     else:
                         self._compute(ops, kb, bufs, acc, sl, s, p, xsr)
-                    seg = seg + 1
                     p = p + 1
-                    if p == npairs or i == n - 1:
-                        if cutlass.const_expr(tl):
-                            if i == n - 1:
-                                t3 = _now()
-                        self._flush(geo, sl, acc, u, seg, mR, mY)
+                    if p == npairs and i < n - 1:  # a unit ends inside the run: nothing to wait for
+                        self._flush(geo, sl, acc, u, mR, mY, polls=False)
                         acc.fill(0.0)
-                        seg = cutlass.Int32(0)
-                        if p == npairs:
-                            p = cutlass.Int32(0)
-                            u = u + 1
+                        p = cutlass.Int32(0)
+                        u = u + 1
+        if cutlass.const_expr(tl):
+            t3 = _now()
+        if n > 0:  # the run's last segment: its unit may go on in later warps' runs
+            self._flush(geo, sl, acc, u, mR, mY, polls=True)
         if cutlass.const_expr(tl):
             t4 = _now()
             if lane == 0:
@@ -399,109 +361,74 @@ class GemvMmaSK(GemvMma):
         self._load_tiles(w_ptr, self._tiles(u, m, n_tiles), ngr, high, scale, lane, bufs, sl, p, st)
 
     @cute.jit
-    def _flush(self, geo, sl, acc, u, seg, mR, mY):
-        """Unit u's segment of `seg` pairs ends (finish "static" or "last": the module docstring)."""
-        npairs, lane, ws, (wg, nwarps, nblk, b0, b1) = geo[2], geo[5], geo[10], geo[11]
+    def _flush(self, geo, sl, acc, u, mR, mY, polls: bool):
+        """Unit u's segment ends: a run's first segment that began before the run publishes its sums for the
+        unit's finisher; otherwise this warp is the finisher: it adds the published sums of the later warps
+        whose runs begin inside u (`polls`: only the run's last segment can have any), applies the epilogue
+        and stores y."""
+        npairs, lane, ws, (wg, nwarps, nblk, b0) = geo[2], geo[5], geo[10], geo[11]
         nb = len(sl)
         g, t = lane // 4, lane % 4
         lo = u * npairs
-        if cutlass.const_expr(self.finish == "static"):
-            publish = lo < b0
-            if cutlass.const_expr(self.probe == "nochain"):  # never finish (the finisher's wait left out)
-                publish = cutlass.Boolean(True)
-            if publish:
-                self._publish(ws + wg * (ws_slots(nb) * 8), acc, sl, g, t)
-            else:
-                tot = self._own(acc, sl, lane)
-                last = _warp_of(lo + npairs - 1, nwarps, nblk)
-                for c in cutlass.range(wg + 1 + t, last + 1, 4, unroll=1):  # a quad's lanes poll 4 warps at a time
-                    if _run_len(c, nwarps, nblk) > 0:  # runs can be empty when blocks < warps
-                        self._poll_add(ws + c * (ws_slots(nb) * 8), tot, nb, g)
-                self._finish(geo, tot, u, mR, mY)
+        publish = lo < b0
+        if cutlass.const_expr(self.probe == "nochain"):  # never finish (the finisher's wait left out)
+            publish = cutlass.Boolean(True)
+        if publish:
+            if t == 0:
+                for b in cutlass.range_constexpr(nb):
+                    for h in cutlass.range_constexpr(2):
+                        _st_flagged(ws + (wg * ws_slots(nb) + b * 16 + g + 8 * h) * 8, acc[2 * h, sl[b]])
         else:
-            cnt = ws
-            part = ws + (geo[14] + 31) // 32 * 128  # counters [units] padded to 128 bytes, then 2 slots per warp
-            if lo >= b0 and lo + npairs <= b1:  # the whole unit is in this run
-                self._finish(geo, self._own(acc, sl, lane), u, mR, mY)
-            else:
-                mine = part + (wg * 2 + cutlass.Int32(lo >= b0)) * (ws_slots(nb) * 8)
-                self._publish(mine, acc, sl, g, t)
-                cute.arch.sync_warp()
-                old = cutlass.Int32(0)
-                if lane == 0:
-                    old = _count(cnt + u * 4, seg)
-                old = cute.arch.shuffle_sync(old, offset=0)
-                if old + seg == npairs and cutlass.const_expr(self.probe != "nochain"):  # the last: finish u
-                    own = cute.make_rmem_tensor((2, nb), cutlass.Float32)
+            r, half = lane % 16, lane // 16  # lane (half, r): row r of every other contributor from wg + 1 + half
+            tot = cute.make_rmem_tensor((nb,), cutlass.Float32)
+            tot.fill(0.0)
+            if cutlass.const_expr(polls):
+                self._poll(geo, tot, lo, half, r, nb)
+            own = cute.make_rmem_tensor((2, nb), cutlass.Float32)  # this warp's sums: column 0, quad lane 0
+            for b in cutlass.range_constexpr(nb):
+                for h in cutlass.range_constexpr(2):
+                    own[h, b] = acc[2 * h, sl[b]]
+            for b in cutlass.range_constexpr(nb):
+                if cutlass.const_expr(polls):
+                    tot[b] = tot[b] + cute.arch.shuffle_sync_bfly(tot[b], offset=16)
+                tot[b] = tot[b] + _row(own, b, r)
+            self._finish(geo, tot, u, r, mR, mY)
+
+    @cute.jit
+    def _poll(self, geo, tot, lo, half, r, nb):
+        """Add row r of the published sums of contributors wg + 1 + half, + 3, ... of the unit starting at
+        block lo into tot, each once its flag reads 1, and clear the words."""
+        npairs, ws, (wg, nwarps, nblk, _) = geo[2], geo[10], geo[11]
+        last = _warp_of(lo + npairs - 1, nwarps, nblk)
+        words = cute.make_rmem_tensor((POLL, nb), cutlass.Int64)
+        for base in cutlass.range(wg + 1 + half, last + 1, 2 * POLL, unroll=1):
+            for j in cutlass.range_constexpr(POLL):
+                c = base + 2 * j
+                if c <= last and _run_len(c, nwarps, nblk) > 0:  # runs can be empty when blocks < warps
                     for b in cutlass.range_constexpr(nb):
-                        for h in cutlass.range_constexpr(2):
-                            own[h, b] = cute.arch.shuffle_sync(acc[2 * h, sl[b]], offset=lane - t)
-                    tot = cute.make_rmem_tensor((2, nb), cutlass.Float32)
-                    tot.fill(0.0)
-                    first = _warp_of(lo, nwarps, nblk)
-                    last = _warp_of(lo + npairs - 1, nwarps, nblk)
-                    for c in cutlass.range(first + t, last + 1, 4, unroll=1):  # warp order: a fixed sum order
-                        if c == wg:
-                            for b in cutlass.range_constexpr(nb):
-                                for h in cutlass.range_constexpr(2):
-                                    tot[h, b] = tot[h, b] + own[h, b]
-                                    _clear(mine + (b * 16 + g + 8 * h) * 8)
-                        elif _run_len(c, nwarps, nblk) > 0:
-                            c0 = cutlass.Int32(cutlass.Int64(c) * nblk // nwarps)
-                            self._poll_add(part + (c * 2 + cutlass.Int32(lo >= c0)) * (ws_slots(nb) * 8), tot, nb, g)
-                    if lane == 0:
-                        _zero(cnt + u * 4)
-                    self._finish(geo, tot, u, mR, mY)
+                        words[j, b] = _ld_flagged(ws + (c * ws_slots(nb) + b * 16 + r) * 8)
+            for j in cutlass.range_constexpr(POLL):
+                c = base + 2 * j
+                if c <= last and _run_len(c, nwarps, nblk) > 0:
+                    for b in cutlass.range_constexpr(nb):
+                        w = words[j, b]
+                        while cutlass.Int32(w >> 32) != 1:  # not published yet
+                            w = _ld_flagged(ws + (c * ws_slots(nb) + b * 16 + r) * 8)
+                        _clear(ws + (c * ws_slots(nb) + b * 16 + r) * 8)
+                        tot[b] = tot[b] + _low_f32(w)
 
     @cute.jit
-    def _publish(self, dst, acc, sl, g, t):
-        """Lane (g, 0)'s sums of rows g, g + 8 of each slot, flagged, into the words at dst."""
-        if t == 0:
-            for b in cutlass.range_constexpr(len(sl)):
-                for h in cutlass.range_constexpr(2):
-                    _st_flagged(dst + (b * 16 + g + 8 * h) * 8, acc[2 * h, sl[b]])
-
-    @cute.jit
-    def _own(self, acc, sl, lane):
-        """This warp's sums as [h, slot] per lane: the mma's column 0 (the quad's lane 0), 0 elsewhere."""
-        tot = cute.make_rmem_tensor((2, len(sl)), cutlass.Float32)
-        tot.fill(0.0)
-        if lane % 4 == 0:
-            for b in cutlass.range_constexpr(len(sl)):
-                for h in cutlass.range_constexpr(2):
-                    tot[h, b] = acc[2 * h, sl[b]]
-        return tot
-
-    @cute.jit
-    def _poll_add(self, src, tot, nb, g):
-        """Add the flagged sums of rows g, g + 8 at src into tot once published, and clear their words."""
-        words = [_ld_flagged(src + (b * 16 + g + 8 * h) * 8) for b in range(nb) for h in range(2)]
-        for b in cutlass.range_constexpr(nb):
-            for h in cutlass.range_constexpr(2):
-                w = words[2 * b + h]
-                while cutlass.Int32(w >> 32) != 1:  # not published yet
-                    w = _ld_flagged(src + (b * 16 + g + 8 * h) * 8)
-                _clear(src + (b * 16 + g + 8 * h) * 8)
-                tot[h, b] = tot[h, b] + _low_f32(w)
-
-    @cute.jit
-    def _finish(self, geo, tot, u, mR, mY):
-        """Sum tot over each quad, then lane r < 16 applies the epilogue to output 16 u + r and stores it:
-        gate (slot 0) row r; swiglu's up row m % 16 + r of the unit's up tiles (slot 1, or 2 past 16)."""
+    def _finish(self, geo, tot, u, r, mR, mY):
+        """Lane r < 16 holds row r of the unit's sums per slot: the epilogue of output 16 u + r (gate: slot 0
+        row r; swiglu's up: row m % 16 + r of the unit's up tiles, slot 1, or 2 past 16) and its store."""
         lane, m = geo[5], geo[7]
-        nb = cute.size(tot, mode=[1])
-        for b in cutlass.range_constexpr(nb):
-            for h in cutlass.range_constexpr(2):
-                tot[h, b] = tot[h, b] + cute.arch.shuffle_sync_bfly(tot[h, b], offset=1)
-                tot[h, b] = tot[h, b] + cute.arch.shuffle_sync_bfly(tot[h, b], offset=2)
-        r = lane % 16
-        a = _row(tot, 0, r)
+        a = tot[0]
         up = a
         if cutlass.const_expr(self.epilogue == "swiglu"):
             q = m % 16 + r
-            up = _row(tot, 1, q % 16)
-            if cutlass.const_expr(nb == 3):
-                up2 = _row(tot, 2, q % 16)
+            up = cute.arch.shuffle_sync(tot[1], offset=q % 16)
+            if cutlass.const_expr(cute.size(tot) == 3):
+                up2 = cute.arch.shuffle_sync(tot[2], offset=q % 16)
                 if q >= 16:
                     up = up2
         o = 16 * u + r

@@ -20,7 +20,7 @@ and --compare cases). --nvfp4 times the NVFP4 tensor-core family (`gemv_mma_nvfp
 `tile16-nvfp4-v1`), each of its members and the tuning shapes against the CUDA-core NVFP4 GEMV
 (`gemv_nvfp4_t1*`, the payload as is) on the 27B NVFP4 shapes, and prints its own table last.
 --probe times, on the 27B stream-K shapes, the default stream-K member against its probes (wrong
-results, timing only): `_probe_nochain` (no unit counters / finishing read-back at the end of a run)
+results, timing only): `_probe_nochain` (every segment published, no unit finished: no finisher's wait)
 `_probe_empty` (x staged, nothing streamed: a launch's fixed cost) and `_probe_nocompute` (the ring
 streamed, nothing decoded or multiplied), and prints what each part costs per launch.
 """
@@ -289,10 +289,8 @@ PROBE_COMBOS = (("Q4G64_F16S", "gate_up", "swiglu"), ("Q5G64_F16S", "down", "res
 def probe_cases() -> list:
     """The 27B decode's stream-K GEMVs (gate_up, down, the merged GDN q|k|v|z, the GDN output): the
     default member and its two probes."""
-    other = "last" if mv.SK_FINISH == "static" else "static"
     return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
-            for v in [mv.make_sk_variant(fmt, epi), mv.make_sk_variant(fmt, epi, finish=other)]
-            + mv.probe_variants(fmt, epi)]
+            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)]
 
 
 def timeline_main(a) -> None:
@@ -366,17 +364,15 @@ def print_probe_table(rows: list) -> None:
 
     by = {(r["shape"], tag(r["variant"])): r for r in rows if "_sk" in r["variant"]}
     print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us | "
-          "no compute us | other finish us |")
-    print("|---|---|---|---|---|---|---|")
+          "no compute us |")
+    print("|---|---|---|---|---|---|")
     for shape in dict.fromkeys(r["shape"] for r in rows):
-        full, chain, empty, nocomp, other = (by.get((shape, p)) for p in ("", "nochain", "empty", "nocompute",
-                                                                          "_fl" if mv.SK_FINISH == "static" else "_fs"))
+        full, chain, empty, nocomp = (by.get((shape, p)) for p in ("", "nochain", "empty", "nocompute"))
         if not (full and chain and empty):
             continue
         rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
         print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
-              f"{empty['us']:.1f} | {rest:.1f} | {nocomp['us'] if nocomp else float('nan'):.1f} | "
-              f"{other['us'] if other else float('nan'):.1f} |")
+              f"{empty['us']:.1f} | {rest:.1f} | {nocomp['us'] if nocomp else float('nan'):.1f} |")
 
 
 def mma_cases(tune: bool) -> list:

@@ -166,15 +166,13 @@ SK_STAGES = {("q4", False): 3, ("q5", False): 3, ("q6", False): 3, ("q4", True):
 REG_SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", True): 3, ("q5", True): 2,
                  ("q6", True): 2}
 SK_CTAS, SK_WARPS = 1, 16  # the stream-K grid: CTAs per SM, warps per CTA
-SK_FINISH = "static"  # who finishes a stream-K unit (cute_kernels/gemv_mma_sk.py FINISH)
 SK_MIN_BLOCKS = 4  # blocks per warp at least (small problems use fewer CTAs)
 TIMELINE = 7 + 32  # cute_kernels/gemv_mma_sk.py TIMELINE: u64 words per warp of the "timeline" probe
 SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
-                    finish: str = SK_FINISH) -> Variant:
+                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "") -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
     SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
     `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py)."""
@@ -189,8 +187,6 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
-    if finish != SK_FINISH:
-        name += {"static": "_fs", "last": "_fl"}[finish]
     if probe:
         name += f"_probe_{probe}"
     w, x, r, y = gemv_tensors(epilogue)
@@ -199,7 +195,7 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"probe": probe} if probe else {}), **({"finish": finish} if finish != "static" else {})),
+                    **({"probe": probe} if probe else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws, *norm_tensors(norm)), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
@@ -218,16 +214,14 @@ def ring_fits(fmt: str, epilogue: str, stages: int, warps: int) -> bool:
 
 
 def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """Stream-K shapes for the benchmark: the other finishing rule; the ring at one stage less / more and
-    2 x 8 warps; register stages at 1 x 16, 2 x 8 and 2-4 x 4 warps per SM (the last leave room for the
-    next kernel's CTAs)."""
+    """Stream-K shapes for the benchmark: the ring at one stage less / more and 2 x 8 warps; register
+    stages at 1 x 16, 2 x 8 and 2-4 x 4 warps per SM (the last leave room for the next kernel's CTAs)."""
     if FORMATS[fmt][1] == 8:
         return []
     key = (FORMATS[fmt][0], epilogue == "swiglu")
     d, r = SK_STAGES[key], REG_SK_STAGES[key]
-    other = [make_sk_variant(fmt, epilogue, finish=f) for f in ("static", "last") if f != SK_FINISH]
-    ring = other + [make_sk_variant(fmt, epilogue, stages=s) for s in (d - 1, d + 1)
-                    if s >= 2 and ring_fits(fmt, epilogue, s, SK_WARPS)]
+    ring = [make_sk_variant(fmt, epilogue, stages=s) for s in (d - 1, d + 1)
+            if s >= 2 and ring_fits(fmt, epilogue, s, SK_WARPS)]
     if ring_fits(fmt, epilogue, d, 8):
         ring.append(make_sk_variant(fmt, epilogue, ctas=2, warps=8))
     regs = ([make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=w, cpa=False) for c, w in ((1, 16), (2, 8))]
@@ -242,15 +236,11 @@ def probe_variants(fmt: str, epilogue: str) -> list[Variant]:
     return [make_sk_variant(fmt, epilogue, probe=p) for p in ("nochain", "empty", "nocompute", "timeline")]
 
 
-def sk_workspace_bytes(m: int, epilogue: str, nwarps: int, finish: str = "static") -> int:
-    """Bytes of the stream-K workspace of a grid of `nwarps` warps (cute_kernels/gemv_mma_sk.py `ws_bytes`):
-    slots of 16 rows x the tile slots of a unit (swiglu 2, or 3 when m % 16 != 0) of 64-bit (sum, flag)
-    words, one per warp ("last": two, after the unit counters)."""
+def sk_workspace_bytes(m: int, epilogue: str, nwarps: int) -> int:
+    """Bytes of the stream-K workspace of a grid of `nwarps` warps (cute_kernels/gemv_mma_sk.py): per warp
+    16 rows x the tile slots of a unit (swiglu 2, or 3 when m % 16 != 0) of 64-bit (sum, flag) words."""
     nb = 1 if epilogue != "swiglu" else 2 if m % 16 == 0 else 3
-    if finish == "static":
-        return 8 * 16 * nb * nwarps
-    units = -(-m // 16)
-    return -(-units // 32) * 128 + 2 * 8 * 16 * nb * nwarps
+    return 8 * 16 * nb * nwarps
 
 
 def xs_variants(fmt: str, epilogue: str, cols: int) -> list[Variant]:
@@ -437,7 +427,7 @@ class GemvMmaSK:
             raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
         m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         nwarps = self.grid(m, k) * self.warps
-        nbytes = sk_workspace_bytes(m, self.epilogue, nwarps, self.loaded.manifest.config.get("finish", "static"))
+        nbytes = sk_workspace_bytes(m, self.epilogue, nwarps)
         if self.loaded.manifest.config.get("probe") == "timeline":  # its stamps after the words (benchmark)
             nbytes += 8 * TIMELINE * nwarps
         args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
