@@ -1,8 +1,8 @@
 """Stream-K decode GEMV on groupwise-int weights in `tile16-v1` (tensor cores, x in shared memory).
 
 Same math, formats, arguments and epilogues as `cute_kernels/gemv_mma.py` (`GemvMma` with `xs`:
-x staged once per CTA as ready B words, each group's C starting at -bias * sum(x)), T = 1, plus a
-workspace `ws`. What differs is the work split: a persistent grid (about `ctas` CTAs per SM)
+x staged once per CTA as ready B words, each group's C starting at -bias * sum(x)), plus a workspace
+`ws` (int32 words). What differs is the work split: a persistent grid (about `ctas` CTAs per SM)
 and every warp takes an equal contiguous run of the `units x pairs` blocks (unit = 16 outputs, its
 gate and up tiles for swiglu; pair = two groups along K), in unit-major order. So no SM waits on a
 partial last wave, however the block count divides, and x is staged once per CTA, not per unit.
@@ -13,18 +13,18 @@ cp.async-copies its own bytes of a block (16 base bytes per group, its high byte
 and reads them back with LDS when the block is computed, so no lane waits on another and the bytes in
 flight cost no registers (`cp.async.wait_group stages - 1` before each block).
 
-A run crosses unit boundaries; every unit is finished by one warp, with no atomics. The **finisher** of
-unit u is the warp whose run holds u's first block: its segment of u is the end of its run (or all of u).
-The later warps whose runs begin inside u (**contributors**: their first segment is u's rest; at most one
-such segment per warp) publish their fp32 row sums in their own `ws` slot, each sum in one relaxed 64-bit
-store together with the flag 1 (value and flag are one single-copy-atomic word: no fence). The finisher's
-lanes poll their contributors' words (lane (half, r): row r of every other contributor, the loads of
-`POLL` contributors issued together) until every flag reads 1, add them, then its own sums (a fixed
-order: the result does not depend on timing), clear the words, apply the epilogue and store y; `ws` is
-all zero again after every launch. The publish is fire-and-forget, so the end of a run costs one L2 round
-trip at most, plus the wait for the unit's slowest contributor. ws: per warp of the grid `ws_slots(nb)`
-64-bit words = 16 rows x nb tile slots (nb: 1, swiglu 2, or 3 when M % 16 != 0: the up rows of a unit may
-span two tiles), word (slot b, row) at 16 b + row; the launcher owns and zeroes it once.
+A run crosses unit boundaries. At the end of each unit segment the warp adds its fp32 row sums
+into `ws` (`red.global.add.f32`, rows this unit owns) and adds the segment's pair count to the
+unit's counter (`atom.add.acq_rel.gpu` by lane 0 after the warp's reds); the warp that brings the
+counter to `pairs` reads the sums back while zeroing them (`atom.exch`), applies the epilogue,
+stores y and zeroes the counter, so `ws` is all zero again after every launch.
+
+ws layout (int32 words): counters [align_up(units, 32)], then fp32 sums [cols, Nw] (Nw = rows of
+W: M, swiglu 2 I). The launcher owns and zeroes it once.
+
+Rows a unit owns (each weight row is added by exactly one unit): plain / residual the rows of its
+tile below M; swiglu the gate rows 16 u .. 16 u + 15 below I and the up rows I + 16 u .. of its
+up tiles below 2 I (a second up tile only when it differs from the first).
 """
 
 import cuda.bindings.driver as cuda
@@ -37,6 +37,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32, unit_tiles
 from cute_kernels.gemv_mma import base_offset, high_offset
 
+COUNTER_ALIGN = 32  # counters padded to 128 bytes before the fp32 sums
+
 
 def _asm_se(ret, args, text, cons, loc, ip):
     return llvm.inline_asm(ret, args, text, cons, has_side_effects=True, is_align_stack=False,
@@ -44,31 +46,25 @@ def _asm_se(ret, args, text, cons, loc, ip):
 
 
 @dsl_user_op
-def _st_flagged(addr, v, *, loc=None, ip=None):
-    """*addr = (1 << 32) | bits(v) (fp32 v; one relaxed 64-bit store at GPU scope: value and flag together)."""
+def _red_add(addr, v, *, loc=None, ip=None):
+    """*addr += v (fp32, global, relaxed)."""
     _asm_se(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), cutlass.Float32(v).ir_value(loc=loc, ip=ip)],
-            "{ .reg .b32 lo; .reg .b64 t; mov.b32 lo, $1; mov.b64 t, {lo, 1}; st.relaxed.gpu.global.b64 [$0], t; }",
-            "l,f", loc, ip)
+            "red.global.add.f32 [$0], $1;", "l,f", loc, ip)
 
 
 @dsl_user_op
-def _ld_flagged(addr, *, loc=None, ip=None) -> cutlass.Int64:
-    """The 64-bit word at addr (relaxed load at GPU scope)."""
-    return cutlass.Int64(_asm_se(T.i64(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
-                                 "ld.relaxed.gpu.global.b64 $0, [$1];", "=l,l", loc, ip))
+def _count(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
+    """old = *addr; *addr += v (u32, global, acquire-release at GPU scope)."""
+    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip),
+                                          cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
+                                 "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
 
 
 @dsl_user_op
-def _low_f32(w, *, loc=None, ip=None) -> cutlass.Float32:
-    """The fp32 in the low half of a 64-bit word."""
-    return cutlass.Float32(_asm_se(T.f32(), [cutlass.Int64(w).ir_value(loc=loc, ip=ip)],
-                                   "{ .reg .b32 lo, hi; mov.b64 {lo, hi}, $1; mov.b32 $0, lo; }", "=f,l", loc, ip))
-
-
-@dsl_user_op
-def _clear(addr, *, loc=None, ip=None):
-    """*addr = 0 (u64, relaxed at GPU scope)."""
-    _asm_se(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)], "st.relaxed.gpu.global.b64 [$0], 0;", "l", loc, ip)
+def _take(addr, *, loc=None, ip=None) -> cutlass.Float32:
+    """The fp32 at addr, leaving 0 there (atomic exchange)."""
+    return cutlass.Float32(_asm_se(T.f32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+                                   "atom.global.exch.b32 $0, [$1], 0;", "=f,l", loc, ip))
 
 
 @dsl_user_op
@@ -93,12 +89,24 @@ def _lds(addr, n: int, *, loc=None, ip=None):
     return [cutlass.Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(n)]
 
 
-def ws_slots(nb: int) -> int:
-    """64-bit workspace words per warp: the row sums of `nb` tile slots (16 rows each) it may publish."""
-    return 16 * nb
+@dsl_user_op
+def _zero(addr, *, loc=None, ip=None):
+    """*addr = 0 (u32, global, relaxed at GPU scope)."""
+    _asm_se(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)], "st.relaxed.gpu.global.u32 [$0], 0;", "l",
+            loc, ip)
 
 
-POLL = 4  # contributors a finisher's lane polls per round (the loads issued together): 8 per warp and round
+def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
+    """1 when weight row `row` (of `tile`, in tile slot `slot` of unit u, whose slots hold `tiles`) is one
+    unit u adds into ws, else 0 (Python ints or DSL Int32, `as_int` turning a comparison into 0 / 1)."""
+    if epilogue != "swiglu" or slot == 0:
+        return as_int(row < m)
+    ok = as_int(row >= m + 16 * u) * as_int(row < m + 16 * u + 16) * as_int(row < n_w)
+    if slot == 2:
+        ok = ok * as_int(tile != tiles[1])
+    return ok
+
+
 PROBES = ("", "nochain", "empty", "timeline", "nocompute")  # benchmark only (wrong results / extra writes)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
@@ -127,10 +135,11 @@ class GemvMmaSK(GemvMma):
     """`warps` warps per CTA, `ctas` CTAs per SM (the launcher sizes the grid), `stages` stages of blocks
     per warp in registers or (`cpa`) in a shared-memory ring, x for K <= kmax in shared memory.
 
-    `probe` (tools/bench_gemv.py --probe, never the executor): "nochain" publishes every segment's row sums
-    and finishes no unit (no finisher waits, reads back or stores y); "empty" stages x and exits (a
-    launch's fixed cost: PDL wait, x staging, the ring's first loads, no stream); "timeline" computes the same but lane 0 of every warp
-    also writes TIMELINE words after ws's words (at ws + 8 (nwarps ws_slots + TIMELINE warp)): %globaltimer
+    `probe` (tools/bench_gemv.py --probe, never the executor): "nochain" adds the row sums into ws but
+    skips the unit counters and the finishing warps' read-back and epilogue (the flush's dependent L2
+    round trips at the end of a run); "empty" stages x and exits (a launch's fixed cost: PDL wait, x
+    staging, the ring's first loads, no stream); "timeline" computes the same but lane 0 of every warp
+    also writes TIMELINE words after ws's words (at 8-aligned ws end + 8 TIMELINE warp): %globaltimer
     entering the run, after the PDL wait, after the x staging, before the last flush and after it; the SM
     (%smid); the run's first block | its block count << 32; then the time each of the run's first TRACE
     blocks is in the ring (after its cp.async wait). "nocompute" streams the ring but neither decodes nor
@@ -143,8 +152,6 @@ class GemvMmaSK(GemvMma):
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
-        if cols != 1:
-            raise ValueError("stream-K GEMV: T = 1 only")
         self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
@@ -193,8 +200,10 @@ class GemvMmaSK(GemvMma):
             if cutlass.const_expr(ring is None):
                 ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.ring_bytes() // 4,)), byte_alignment=16)
             ring0 = ring.iterator.toint() + warp * (self.ring_slots * self.slot_bytes)
-        geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, mWs.iterator.toint(),
-               (wg, nwarps, cutlass.Int64(nblk), b0), ring0, self._out_scale(mW, n_tiles, ngr))
+        cnt = mWs.iterator.toint()
+        part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
+        geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
+               self._out_scale(mW, n_tiles, ngr))
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
@@ -217,10 +226,12 @@ class GemvMmaSK(GemvMma):
         n = b1 - b0
         tl = self.probe == "timeline"
         t0 = _now() if tl else None
-        wg, nwarps, nblk = geo[11][:3]
         at = cutlass.Int64(0)
-        if cutlass.const_expr(tl):  # this warp's words after the workspace
-            at = geo[10] + (nwarps * ws_slots(nb) + wg * TIMELINE) * 8
+        if cutlass.const_expr(tl):
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            end = (geo[11] + self.cols * geo[9] * 4 + 7) // 8 * 8
+            at = end + (bidx * self.warps + tidx // 32) * (8 * TIMELINE)
         wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)
         hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
         sb = cute.make_rmem_tensor((2, nb, S), cutlass.Int32)
@@ -269,6 +280,7 @@ class GemvMmaSK(GemvMma):
         acc.fill(0.0)
         u = b0 // npairs  # compute cursor
         p = b0 - u * npairs
+        seg = cutlass.Int32(0)
         for rd in cutlass.range((n + S - 1) // S, unroll=1):
             for s in cutlass.range_constexpr(S):
                 i = rd * S + s
@@ -295,16 +307,18 @@ class GemvMmaSK(GemvMma):
                         self._compute(ops, kb, bufs, acc, sl, 0, p, xsr)
                     else:
                         self._compute(ops, kb, bufs, acc, sl, s, p, xsr)
+                    seg = seg + 1
                     p = p + 1
-                    if p == npairs and i < n - 1:  # a unit ends inside the run: nothing to wait for
-                        self._flush(geo, sl, acc, u, mR, mY, polls=False)
+                    if p == npairs or i == n - 1:
+                        if cutlass.const_expr(tl):
+                            if i == n - 1:
+                                t3 = _now()
+                        self._flush(geo, sl, acc, u, seg, mR, mY)
                         acc.fill(0.0)
-                        p = cutlass.Int32(0)
-                        u = u + 1
-        if cutlass.const_expr(tl):
-            t3 = _now()
-        if n > 0:  # the run's last segment: its unit may go on in later warps' runs
-            self._flush(geo, sl, acc, u, mR, mY, polls=True)
+                        seg = cutlass.Int32(0)
+                        if p == npairs:
+                            p = cutlass.Int32(0)
+                            u = u + 1
         if cutlass.const_expr(tl):
             t4 = _now()
             if lane == 0:
@@ -361,105 +375,41 @@ class GemvMmaSK(GemvMma):
         self._load_tiles(w_ptr, self._tiles(u, m, n_tiles), ngr, high, scale, lane, bufs, sl, p, st)
 
     @cute.jit
-    def _flush(self, geo, sl, acc, u, mR, mY, polls: bool):
-        """Unit u's segment ends: a run's first segment that began before the run publishes its sums for the
-        unit's finisher; otherwise this warp is the finisher: it adds the published sums of the later warps
-        whose runs begin inside u (`polls`: only the run's last segment can have any), applies the epilogue
-        and stores y."""
-        npairs, lane, ws, (wg, nwarps, nblk, b0) = geo[2], geo[5], geo[10], geo[11]
-        nb = len(sl)
+    def _flush(self, geo, sl, acc, u, seg, mR, mY):
+        """Add this warp's sums of unit u (seg pairs) into ws; the warp completing the unit finishes it."""
+        npairs, lane, m, n_tiles, n_w, cnt, part = geo[2], geo[5], geo[7], geo[8], geo[9], geo[10], geo[11]
+        t_rows = cute.size(mY, mode=[0])
         g, t = lane // 4, lane % 4
-        lo = u * npairs
-        publish = lo < b0
-        if cutlass.const_expr(self.probe == "nochain"):  # never finish (the finisher's wait left out)
-            publish = cutlass.Boolean(True)
-        if publish:
-            if t == 0:
-                for b in cutlass.range_constexpr(nb):
-                    for h in cutlass.range_constexpr(2):
-                        _st_flagged(ws + (wg * ws_slots(nb) + b * 16 + g + 8 * h) * 8, acc[2 * h, sl[b]])
-        else:
-            r, half = lane % 16, lane // 16  # lane (half, r): row r of every other contributor from wg + 1 + half
-            tot = cute.make_rmem_tensor((nb,), cutlass.Float32)
-            tot.fill(0.0)
-            if cutlass.const_expr(polls):
-                self._poll(geo, tot, lo, half, r, nb)
-            own = cute.make_rmem_tensor((2, nb), cutlass.Float32)  # this warp's sums: column 0, quad lane 0
-            for b in cutlass.range_constexpr(nb):
+        tiles = self._tiles(u, m, n_tiles)
+        if t == 0:
+            for b in cutlass.range_constexpr(len(sl)):
+                tile = tiles[sl[b]]
                 for h in cutlass.range_constexpr(2):
-                    own[h, b] = acc[2 * h, sl[b]]
-            for b in cutlass.range_constexpr(nb):
-                if cutlass.const_expr(polls):
-                    tot[b] = tot[b] + cute.arch.shuffle_sync_bfly(tot[b], offset=16)
-                tot[b] = tot[b] + _row(own, b, r)
-            self._finish(geo, tot, u, r, mR, mY)
-
-    @cute.jit
-    def _poll(self, geo, tot, lo, half, r, nb):
-        """Add row r of the published sums of contributors wg + 1 + half, + 3, ... of the unit starting at
-        block lo into tot, each once its flag reads 1, and clear the words."""
-        npairs, ws, (wg, nwarps, nblk, _) = geo[2], geo[10], geo[11]
-        last = _warp_of(lo + npairs - 1, nwarps, nblk)
-        words = cute.make_rmem_tensor((POLL, nb), cutlass.Int64)
-        for base in cutlass.range(wg + 1 + half, last + 1, 2 * POLL, unroll=1):
-            for j in cutlass.range_constexpr(POLL):
-                c = base + 2 * j
-                if c <= last and _run_len(c, nwarps, nblk) > 0:  # runs can be empty when blocks < warps
-                    for b in cutlass.range_constexpr(nb):
-                        words[j, b] = _ld_flagged(ws + (c * ws_slots(nb) + b * 16 + r) * 8)
-            for j in cutlass.range_constexpr(POLL):
-                c = base + 2 * j
-                if c <= last and _run_len(c, nwarps, nblk) > 0:
-                    for b in cutlass.range_constexpr(nb):
-                        w = words[j, b]
-                        while cutlass.Int32(w >> 32) != 1:  # not published yet
-                            w = _ld_flagged(ws + (c * ws_slots(nb) + b * 16 + r) * 8)
-                        _clear(ws + (c * ws_slots(nb) + b * 16 + r) * 8)
-                        tot[b] = tot[b] + _low_f32(w)
-
-    @cute.jit
-    def _finish(self, geo, tot, u, r, mR, mY):
-        """Lane r < 16 holds row r of the unit's sums per slot: the epilogue of output 16 u + r (gate: slot 0
-        row r; swiglu's up: row m % 16 + r of the unit's up tiles, slot 1, or 2 past 16) and its store."""
-        lane, m = geo[5], geo[7]
-        a = tot[0]
-        up = a
-        if cutlass.const_expr(self.epilogue == "swiglu"):
-            q = m % 16 + r
-            up = cute.arch.shuffle_sync(tot[1], offset=q % 16)
-            if cutlass.const_expr(cute.size(tot) == 3):
-                up2 = cute.arch.shuffle_sync(tot[2], offset=q % 16)
-                if q >= 16:
-                    up = up2
-        o = 16 * u + r
-        if lane < 16 and o < m:
-            a = self._unscale(a, geo[13])
-            if cutlass.const_expr(self.epilogue == "swiglu"):
-                up = self._unscale(up, geo[13])
-                a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
-            if cutlass.const_expr(self.epilogue == "residual"):
-                a = a + mR[0, o].to(cutlass.Float32)
-            mY[0, o] = a.to(cutlass.BFloat16)
-
-
-@cute.jit
-def _warp_of(b, nwarps, nblk):
-    """The warp whose run holds block b (runs w * nblk // nwarps .. (w + 1) * nblk // nwarps - 1)."""
-    return cutlass.Int32((cutlass.Int64(b + 1) * nwarps + nblk - 1) // nblk) - 1
-
-
-@cute.jit
-def _run_len(w, nwarps, nblk):
-    """Blocks in warp w's run."""
-    return cutlass.Int32(cutlass.Int64(w + 1) * nblk // nwarps - cutlass.Int64(w) * nblk // nwarps)
-
-
-@cute.jit
-def _row(tot, b, r):
-    """Row r (0..15) of slot b's unit sums (rows g and g + 8 live in quad lane 4 g, entries h = 0, 1)."""
-    v0 = cute.arch.shuffle_sync(tot[0, b], offset=(r % 8) * 4)
-    v1 = cute.arch.shuffle_sync(tot[1, b], offset=(r % 8) * 4)
-    out = v0
-    if r >= 8:
-        out = v1
-    return out
+                    row = 16 * tile + g + 8 * h
+                    if owned(self.epilogue, sl[b], tile, tiles, u, row, m, n_w, cutlass.Int32) != 0:
+                        for col in cutlass.range_constexpr(self.cols):
+                            if col < t_rows:
+                                _red_add(part + (col * n_w + row) * 4, acc[2 * h + col, sl[b]])
+        if cutlass.const_expr(self.probe != "nochain"):  # the counter, then the finishing warp's read-back
+            cute.arch.sync_warp()
+            old = cutlass.Int32(0)
+            if lane == 0:
+                old = _count(cnt + u * 4, seg)
+            old = cute.arch.shuffle_sync(old, offset=0)
+            if old + seg == npairs:  # the last contribution: this warp finishes unit u
+                cute.arch.fence_acq_rel_gpu()
+                r = lane % 16
+                col = lane // 16
+                o = 16 * u + r
+                if col < self.cols:
+                    if col < t_rows:
+                        if o < m:
+                            a = self._unscale(_take(part + (col * n_w + o) * 4), geo[13])
+                            if cutlass.const_expr(self.epilogue == "swiglu"):
+                                up = self._unscale(_take(part + (col * n_w + m + o) * 4), geo[13])
+                                a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
+                            if cutlass.const_expr(self.epilogue == "residual"):
+                                a = a + mR[col, o].to(cutlass.Float32)
+                            mY[col, o] = a.to(cutlass.BFloat16)
+                if lane == 0:
+                    _zero(cnt + u * 4)

@@ -291,40 +291,30 @@ def test_family_members_and_choice():
         only_xs.member(64, mv.KMAX + 8)
 
 
-def _warp_of(b: int, nwarps: int, nblk: int) -> int:
-    return -(-(b + 1) * nwarps // nblk) - 1  # cute_kernels/gemv_mma_sk.py _warp_of
+@pytest.mark.parametrize("m", [1, 16, 17, 24, 501, 1088])
+@pytest.mark.parametrize("epilogue", ["plain", "swiglu"])
+def test_stream_k_row_ownership(epilogue, m):
+    """Every weight row is added into the workspace by exactly one unit, and a unit adds exactly the
+    rows its epilogue reads back (gate o and up I + o for swiglu, o for plain), ragged I included."""
+    from cute_kernels.gemv_mma import unit_tiles
+    from cute_kernels.gemv_mma_sk import owned
 
-
-@pytest.mark.parametrize("units,pairs,nwarps", [(1, 1, 16), (3, 2, 16), (1088, 40, 2112), (320, 136, 2112),
-                                                 (1024, 40, 2112), (320, 24, 2112), (7, 5, 48), (63, 68, 2112)])
-def test_stream_k_finishers(units, pairs, nwarps):
-    """The kernel's split and finishing rule (cute_kernels/gemv_mma_sk.py, same integer formulas): every
-    unit is finished by one warp whose polled contributors' published first segments and its own segment
-    cover the unit's blocks exactly once, and every published segment is polled exactly once."""
-    nblk = units * pairs
-    b0 = [w * nblk // nwarps for w in range(nwarps + 1)]
-    published, polled, covered = set(), [], {}
-    for w in range(nwarps):
-        lo, hi = b0[w], b0[w + 1]
-        b = lo
-        while b < hi:  # the run's segments: [b, min(unit end, hi))
-            u = b // pairs
-            end = min((u + 1) * pairs, hi)
-            if u * pairs < lo:  # publish (the run's first segment began before the run)
-                assert b == lo and w not in published
-                published.add(w)
-            else:  # finish: own segment, then the contributors' slots
-                covered.setdefault(u, []).append((b, end))
-                last = _warp_of((u + 1) * pairs - 1, nwarps, nblk)
-                for c in range(w + 1, last + 1):
-                    if b0[c + 1] > b0[c]:
-                        polled.append(c)
-                        covered[u].append((b0[c], min(b0[c + 1], (u + 1) * pairs)))
-            b = end
-    assert sorted(polled) == sorted(published)
+    n_w = 2 * m if epilogue == "swiglu" else m
+    n_tiles, units = -(-n_w // 16), -(-m // 16)
+    adds = {}
     for u in range(units):
-        blocks = sorted(x for lo, hi in covered[u] for x in range(lo, hi))
-        assert blocks == list(range(u * pairs, (u + 1) * pairs))
+        tiles = unit_tiles(epilogue, u, m, n_tiles)
+        rows = set()
+        for slot in range(3 if epilogue == "swiglu" else 1):
+            for r in range(16):
+                row = 16 * tiles[slot] + r
+                if owned(epilogue, slot, tiles[slot], tiles, u, row, m, n_w):
+                    assert row not in rows
+                    rows.add(row)
+                    adds[row] = adds.get(row, 0) + 1
+        outs = [o for o in range(16 * u, 16 * u + 16) if o < m]
+        assert rows == set(outs) | ({m + o for o in outs} if epilogue == "swiglu" else set())
+    assert sorted(adds) == list(range(n_w)) and set(adds.values()) == {1}
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
@@ -353,10 +343,9 @@ def test_stream_k_variants():
     assert not mv.sk_wins(620800, "plain")  # the output head
     with pytest.raises(LaunchError, match="Q4-Q6 at T = 1"):
         mv.make_sk_variant("W8G32_F16S", "plain")
-    # per warp 16 rows x the unit's tile slots of 64-bit (sum, flag) words: swiglu 2, ragged swiglu 3
-    assert mv.sk_workspace_bytes(17, "plain", 32) == 8 * 16 * 32
-    assert mv.sk_workspace_bytes(32, "swiglu", 32) == 8 * 16 * 2 * 32
-    assert mv.sk_workspace_bytes(17, "swiglu", 32) == 8 * 16 * 3 * 32
+    # counters for 2 units padded to 32 words, then fp32 sums [cols, rows of W]
+    assert mv.sk_workspace_bytes(17, 34, 1) == 4 * (32 + 34)
+    assert mv.sk_workspace_bytes(5120, 5120, 1) == 4 * (320 + 5120)
     kern = mv.GemvMmaSK(_Loaded(v))
     from inferno.cuda.memory import DeviceBuffer
 
@@ -383,9 +372,9 @@ def _cuobjdump() -> str | None:
 
 
 def test_probe_variants(tmp_path):
-    """The benchmark's stream-K probes build; in their SASS (where cuobjdump is installed) the member has no
-    atomics (finishers poll flagged words), `nochain` publishes but never polls, `empty` and `nocompute`
-    have no mma at all; the member is untouched."""
+    """The benchmark's stream-K probes build; in their SASS (where cuobjdump is installed) `nochain` keeps
+    the row sums' reds but no unit-counter atomics, `empty` and `nocompute` have no mma at all; the member
+    is untouched."""
     import subprocess
 
     from inferno.kernels.build import build_variant
@@ -406,12 +395,10 @@ def test_probe_variants(tmp_path):
                 [tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    poll, publish = "LDG.E.64.STRONG.GPU", "STG.E.64.STRONG.GPU"  # a finisher's poll, a contributor's publish
-    assert "ATOM" not in sass[""] and "RED" not in sass[""] and "HMMA" in sass[""]
-    assert poll in sass[""] and publish in sass[""]
-    assert poll not in sass["nochain"] and publish in sass["nochain"] and "HMMA" in sass["nochain"]
-    assert "HMMA" not in sass["empty"] and publish not in sass["empty"]
-    assert "HMMA" not in sass["nocompute"] and "LDGSTS" in sass["nocompute"] and publish in sass["nocompute"]
+    assert "ATOM" in sass[""] and "RED" in sass[""] and "HMMA" in sass[""]
+    assert "ATOM" not in sass["nochain"] and "RED" in sass["nochain"] and "HMMA" in sass["nochain"]
+    assert "HMMA" not in sass["empty"] and "RED" not in sass["empty"]
+    assert "HMMA" not in sass["nocompute"] and "LDGSTS" in sass["nocompute"] and "RED" in sass["nocompute"]
     assert "GLOBALTIMER" in sass["timeline"] and "GLOBALTIMER" not in sass[""]
 
 

@@ -20,7 +20,7 @@ and --compare cases). --nvfp4 times the NVFP4 tensor-core family (`gemv_mma_nvfp
 `tile16-nvfp4-v1`), each of its members and the tuning shapes against the CUDA-core NVFP4 GEMV
 (`gemv_nvfp4_t1*`, the payload as is) on the 27B NVFP4 shapes, and prints its own table last.
 --probe times, on the 27B stream-K shapes, the default stream-K member against its probes (wrong
-results, timing only): `_probe_nochain` (every segment published, no unit finished: no finisher's wait)
+results, timing only): `_probe_nochain` (no unit counters / finishing read-back at the end of a run)
 `_probe_empty` (x staged, nothing streamed: a launch's fixed cost) and `_probe_nocompute` (the ring
 streamed, nothing decoded or multiplied), and prints what each part costs per launch.
 """
@@ -325,7 +325,8 @@ def timeline_main(a) -> None:
         stream.synchronize()
         (ws,) = kern._ws.values()
         grid, warps = kern.grid(m, k), kern.warps
-        base = mv.sk_workspace_bytes(m, epi, grid * warps)
+        base = mv.sk_workspace_bytes(m, n, 1)
+        base += -(int(ws.ptr) + base) % 8
         raw = from_device(ws, np.uint8, (ws.nbytes,))[base:base + 8 * mv.TIMELINE * grid * warps]
         words = raw.view(np.int64).reshape(grid * warps, mv.TIMELINE)
         t = words[:, :len(names)].astype(np.float64)

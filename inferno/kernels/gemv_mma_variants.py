@@ -167,6 +167,7 @@ REG_SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", Tr
                  ("q6", True): 2}
 SK_CTAS, SK_WARPS = 1, 16  # the stream-K grid: CTAs per SM, warps per CTA
 SK_MIN_BLOCKS = 4  # blocks per warp at least (small problems use fewer CTAs)
+COUNTER_ALIGN = 32  # cute_kernels/gemv_mma_sk.py: counters padded before the fp32 sums
 TIMELINE = 7 + 32  # cute_kernels/gemv_mma_sk.py TIMELINE: u64 words per warp of the "timeline" probe
 SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
@@ -236,11 +237,10 @@ def probe_variants(fmt: str, epilogue: str) -> list[Variant]:
     return [make_sk_variant(fmt, epilogue, probe=p) for p in ("nochain", "empty", "nocompute", "timeline")]
 
 
-def sk_workspace_bytes(m: int, epilogue: str, nwarps: int) -> int:
-    """Bytes of the stream-K workspace of a grid of `nwarps` warps (cute_kernels/gemv_mma_sk.py): per warp
-    16 rows x the tile slots of a unit (swiglu 2, or 3 when m % 16 != 0) of 64-bit (sum, flag) words."""
-    nb = 1 if epilogue != "swiglu" else 2 if m % 16 == 0 else 3
-    return 8 * 16 * nb * nwarps
+def sk_workspace_bytes(m: int, n_w: int, cols: int) -> int:
+    """Bytes of the stream-K workspace: unit counters, then fp32 sums [cols, n_w]."""
+    units = -(-m // 16)
+    return 4 * (-(-units // COUNTER_ALIGN) * COUNTER_ALIGN + cols * n_w)
 
 
 def xs_variants(fmt: str, epilogue: str, cols: int) -> list[Variant]:
@@ -426,10 +426,9 @@ class GemvMmaSK:
         if k > self.kmax:
             raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
         m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
-        nwarps = self.grid(m, k) * self.warps
-        nbytes = sk_workspace_bytes(m, self.epilogue, nwarps)
+        nbytes = sk_workspace_bytes(m, n, self.cols)
         if self.loaded.manifest.config.get("probe") == "timeline":  # its stamps after the words (benchmark)
-            nbytes += 8 * TIMELINE * nwarps
+            nbytes += 8 + 8 * TIMELINE * self.grid(m, k) * self.warps
         args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
         args += norm_args(self.name, self.norm, norm, k)
         mf = self.loaded.manifest
