@@ -9,9 +9,10 @@ partial last wave, however the block count divides, and x is staged once per CTA
 
 Weights reach the registers either through `stages` register stages per warp (LDG issued stages - 1
 blocks ahead) or (`cpa`) through a ring of `stages` shared-memory stages per warp: each lane
-cp.async-copies its own bytes of a block (16 base bytes per group, its high bytes, its 8 scale bytes)
-and reads them back with LDS when the block is computed, so no lane waits on another and the bytes in
-flight cost no registers (`cp.async.wait_group stages - 1` before each block).
+cp.async-copies 16 bytes of a block (its 16 base bytes per group; the first lanes also the block's
+contiguous high bytes and scale run) and reads its words back with LDS when the block is computed, after
+a warp barrier (`cp.async.wait_group stages - 1`, then `bar.warp.sync`), so the bytes in flight cost no
+registers and every request is 16 bytes.
 
 A run crosses unit boundaries. At the end of each unit segment the warp adds its fp32 row sums
 into `ws` (`red.global.add.f32`, rows this unit owns) and adds the segment's pair count to the
@@ -332,28 +333,39 @@ class GemvMmaSK(GemvMma):
 
     @cute.jit
     def _load_cpa(self, geo, sl, u, p, st):
-        """cp.async this lane's bytes of pair p of unit u's tile slots sl into ring stage st: per group
-        16 base bytes at 512 q + 16 lane, 4 hw high bytes at 1024 + 128 hw q + 4 hw lane, then the
-        8 scale bytes at 1024 + 256 hw + 8 lane."""
+        """cp.async pair p of unit u's tile slots sl into ring stage st, 16 bytes a lane: each lane its 16
+        base bytes per group at 512 q + 16 lane; the pair's high bytes (256 hw, contiguous in the image) by
+        lanes < 16 hw at 1024 + 16 lane; its scale run (`scale_run` bytes) by the next lanes at
+        1024 + 256 hw + 16 lane."""
         w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
         tiles = self._tiles(u, m, n_tiles)
         base = w_ptr.toint()
+        run = self.scale_run()
         for b in cutlass.range_constexpr(len(sl)):
             tile = tiles[sl[b]]
             d = self._ring_addr(geo, len(sl), st, b)
             for q in cutlass.range_constexpr(2):
                 _cp_async(d + 512 * q + 16 * lane, base + base_offset(tile, 2 * p + q, ngr, lane), 16)
-                if cutlass.const_expr(self.hw > 0):
-                    _cp_async(d + 1024 + 128 * self.hw * q + 4 * self.hw * lane,
-                              base + high_offset(self.bits, high, tile, 2 * p + q, ngr, lane), 4 * self.hw)
-            _cp_async(d + 1024 + 256 * self.hw + 4 * self.sw * lane, base + self._scale_off(scale, tile, p, ngr, lane),
-                      4 * self.sw)
+            if cutlass.const_expr(self.hw > 0):
+                if lane < 16 * self.hw:
+                    _cp_async(d + 1024 + 16 * lane, base + high_offset(self.bits, high, tile, 2 * p, ngr, 0) + 16 * lane,
+                              16)
+            sl0 = 16 * self.hw % 32  # Q6's high bytes take every lane: its scales start again at lane 0
+            if lane >= sl0 and lane < sl0 + run // 16:
+                _cp_async(d + 1024 + 256 * self.hw + 16 * (lane - sl0),
+                          base + self._scale_off(scale, tile, p, ngr, 0) + 16 * (lane - sl0), 16)
+
+    def scale_run(self) -> int:
+        """Bytes of a group pair's scales in the image (contiguous; lanes of a quad may share them)."""
+        return max(self._scale_off(0, 0, 0, 2, lane) for lane in range(32)) + 4 * self.sw
 
     @cute.jit
     def _ring_to_regs(self, geo, bufs, nb, st):
-        """This lane's words of ring stage st into the single register stage."""
+        """This lane's words of ring stage st into the single register stage (lanes read bytes other lanes
+        copied: a warp barrier after the cp.async wait, and one after the reads before the slot is refilled)."""
         lane = geo[5]
         wb, hbuf, sb, _ = bufs
+        cute.arch.sync_warp()
         for b in cutlass.range_constexpr(nb):
             d = self._ring_addr(geo, nb, st, b)
             for q in cutlass.range_constexpr(2):
@@ -364,9 +376,10 @@ class GemvMmaSK(GemvMma):
                     h = _lds(d + 1024 + 128 * self.hw * q + 4 * self.hw * lane, self.hw)
                     for e in cutlass.range_constexpr(self.hw):
                         hbuf[e, q, b, 0] = h[e]
-            sc = _lds(d + 1024 + 256 * self.hw + 4 * self.sw * lane, self.sw)
+            sc = _lds(d + 1024 + 256 * self.hw + self._scale_off(0, 0, 0, 2, lane), self.sw)
             for e in cutlass.range_constexpr(self.sw):
                 sb[e, b, 0] = sc[e]
+        cute.arch.sync_warp()
 
     @cute.jit
     def _load(self, geo, bufs, sl, u, p, st):
