@@ -293,68 +293,91 @@ def probe_cases() -> list:
             for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)]
 
 
+TIMELINE_KEPT = 3  # --timeline: the last launches kept (each its own output buffer, so its own workspace)
+
+
 def timeline_main(a) -> None:
-    """Per 27B stream-K shape: the last of >= 24 graph-replayed launches of the `timeline` probe; per
-    warp its stamps (run entered, PDL wait returned, x staged, last flush begins, run ends), relative to
-    the earliest wait return, as percentiles over the warps; `--out F.npz` keeps every warp's stamps with
-    its SM, first block and block count."""
+    """Per 27B stream-K shape: the last TIMELINE_KEPT of >= 24 graph-replayed launches of the `timeline`
+    probe. Printed for the last one: per warp its stamps (run entered, PDL wait returned, x staged, last flush
+    begins, run ends), relative to the earliest wait return, as percentiles over the warps, and per kept
+    launch the longest lull in block arrivals (pooled over the warps, between their 5th and 95th
+    percentile); `--out F.npz` keeps every kept launch's warps: stamps and block arrivals (us from the
+    earliest kept wait return), SM, first block and block count."""
     from inferno.cuda.copy import from_device
 
     dev, stream, rng, _ = open_bench(a.pdl, copy=False)
     names = ("entered", "waited", "staged", "last flush", "ended")
-    saved: dict = {}  # per shape: the stamps (us) and each warp's SM, first block and block count (--out: npz)
-    print(f"device {dev.name}; PDL {'on' if a.pdl else 'off'}; us from the first PDL wait's return, "
+    saved: dict = {}  # per shape: [launch, warp, ...] stamps (us), SM, first block, block count, arrivals (--out)
+    print(f"device {dev.name}; PDL {'on' if a.pdl else 'off'}; us from the last launch's first PDL wait return, "
           "percentiles 0 / 50 / 100 over the warps")
     print("| shape | " + " | ".join(names) + " | staging p50 | last flush p50 | stream end: spread in a CTA "
-          "(mean) / of CTA medians / of warp-slot medians |")
-    print("|---|" + "---|" * (len(names) + 3))
+          "(mean) / of CTA medians / of warp-slot medians | longest arrival lull per kept launch (us) |")
+    print("|---|" + "---|" * (len(names) + 4))
     for fmt, shape, epi in PROBE_COMBOS:
         n, k = SHAPES[shape]
         w = Weights(fmt, n, k, ql.random_payload(fmt, n, k, rng), tiled=True)
         kern = mv.GemvMmaSK(load(mv.make_sk_variant(fmt, epi, probe="timeline"), dev))
         m = n // 2 if epi == "swiglu" else n
         x = to_device(None, rng.standard_normal((1, k), np.float32).astype(bf16), "x")
-        y, r = device_alloc(2 * m, "y"), device_alloc(2 * m, "r") if epi == "residual" else None
+        ys = [device_alloc(2 * m, f"y{i}") for i in range(TIMELINE_KEPT)]
+        r = device_alloc(2 * m, "r") if epi == "residual" else None
         launches = len(w.bufs) * max(1, -(-24 // len(w.bufs)))
-        kern(w.bufs[0], x, y, n, k, 1, r=r, stream=stream)
+        launches += -launches % TIMELINE_KEPT  # the last TIMELINE_KEPT launches write ys[0], ys[1], ...
+        for y in ys:
+            kern(w.bufs[0], x, y, n, k, 1, r=r, stream=stream)
         with Graph.capture(stream) as g:
             for i in range(launches):
-                kern(w.bufs[i % len(w.bufs)], x, y, n, k, 1, r=r, stream=stream)
+                kern(w.bufs[i % len(w.bufs)], x, ys[i % TIMELINE_KEPT], n, k, 1, r=r, stream=stream)
         ge = g.instantiate()
         ge.launch(stream)
         stream.synchronize()
-        (ws,) = kern._ws.values()
         grid, warps = kern.grid(m, k), kern.warps
-        base = mv.sk_workspace_bytes(m, n, 1)
-        base += -(int(ws.ptr) + base) % 8
-        raw = from_device(ws, np.uint8, (ws.nbytes,))[base:base + 8 * mv.TIMELINE * grid * warps]
-        words = raw.view(np.int64).reshape(grid * warps, mv.TIMELINE)
-        t = words[:, :len(names)].astype(np.float64)
-        t = (t - t[:, 1].min()) / 1e3
-        trace = words[:, 7:].astype(np.float64)
-        trace = np.where(np.arange(trace.shape[1]) < (words[:, 6:7] >> 32), (trace - words[:, 1].min()) / 1e3, np.nan)
-        saved[shape] = dict(us=t, sm=words[:, 5], first_block=words[:, 6] & 0xFFFFFFFF, blocks=words[:, 6] >> 32,
-                            trace=trace)
+        words = []
+        for y in ys:
+            ws = kern._ws[next(key for key in kern._ws if key[0] == int(y.ptr))]
+            base = mv.sk_workspace_bytes(m, n, 1)
+            base += -(int(ws.ptr) + base) % 8
+            raw = from_device(ws, np.uint8, (ws.nbytes,))[base:base + 8 * mv.TIMELINE * grid * warps]
+            words.append(raw.view(np.int64).reshape(grid * warps, mv.TIMELINE))
+        words = np.stack(words)  # [launch, warp, word]
+        origin = words[:, :, 1].min()
+        us = (words[:, :, :len(names)] - origin) / 1e3
+        arrived = np.arange(words.shape[2] - 7) < (words[:, :, 6:7] >> 32)
+        trace = np.where(arrived, (words[:, :, 7:] - origin) / 1e3, np.nan)
+        saved[shape] = dict(us=us, sm=words[:, :, 5], first_block=words[:, :, 6] & 0xFFFFFFFF,
+                            blocks=words[:, :, 6] >> 32, trace=trace)
+        t = us[-1] - us[-1][:, 1].min()
         cols = [f"{np.percentile(t[:, e], 0):.1f} / {np.percentile(t[:, e], 50):.1f} / {t[:, e].max():.1f}"
                 for e in range(len(names))]
         end = t[:, 3].reshape(grid, warps)
         within = float((end.max(1) - end.min(1)).mean())
         across = float(np.median(end, 1).max() - np.median(end, 1).min())
         by_slot = float(np.median(end, 0).max() - np.median(end, 0).min())  # a warp's index in its CTA
+        lulls = " / ".join(f"{longest_lull(tr[~np.isnan(tr)]):.2f}" for tr in trace)
         print(f"| {shape} [{n}x{k}] | " + " | ".join(cols) +
               f" | {np.median(t[:, 2] - t[:, 1]):.2f} | {np.median(t[:, 4] - t[:, 3]):.2f} | {within:.1f} / {across:.1f}"
-              f" / {by_slot:.1f} |")
+              f" / {by_slot:.1f} | {lulls} |")
         ge.close()
         g.close()
         kern.free()
         w.free()
-        for b in (x, y, r):
+        for b in (x, r, *ys):
             if b is not None:
                 b.free()
     if a.out:
         np.savez(a.out, **{f"{sh}_{key}": v for sh, d in saved.items() for key, v in d.items()})
-        print(f"wrote {a.out} (per shape: us [warps, 5], sm, first_block, blocks, trace [warps, {mv.TIMELINE - 7}]: "
-              "us when each block was in shared memory)")
+        print(f"wrote {a.out} (per shape, [kept launch, warp, ...]: us (5 stamps), sm, first_block, blocks, trace "
+              f"({mv.TIMELINE - 7}): us when each block was in shared memory)")
+
+
+def longest_lull(arrivals: np.ndarray) -> float:
+    """The longest gap between consecutive block arrivals (us, pooled over warps) between their 5th and
+    95th percentile: a pause of every warp at once shows as a gap far above the timer's step."""
+    if arrivals.size < 2:
+        return 0.0
+    lo, hi = np.percentile(arrivals, [5, 95])
+    a = np.unique(arrivals[(arrivals >= lo) & (arrivals <= hi)])
+    return float(np.diff(a).max()) if a.size > 1 else 0.0
 
 
 def print_probe_table(rows: list) -> None:
