@@ -168,7 +168,7 @@ REG_SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", Tr
 SK_CTAS, SK_WARPS = 1, 16  # the stream-K grid: CTAs per SM, warps per CTA
 SK_MIN_BLOCKS = 4  # blocks per warp at least (small problems use fewer CTAs)
 COUNTER_ALIGN = 32  # cute_kernels/gemv_mma_sk.py: counters padded before the fp32 sums
-TIMELINE = 7 + 32  # cute_kernels/gemv_mma_sk.py TIMELINE: u64 words per warp of the "timeline" probe
+TIMELINE = 7 + 32  # cute_kernels/gemv_mma_sk.py TIMELINE (7 + TRACE): u64 words per warp of the "timeline" probe
 SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
