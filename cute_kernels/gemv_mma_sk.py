@@ -77,12 +77,6 @@ def _cp_async(dst, src, nbytes: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def _prefetch_l2(src, *, loc=None, ip=None):
-    """A hint: bring the line holding global address src into L2."""
-    _asm_se(None, [cutlass.Int64(src).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l", loc, ip)
-
-
-@dsl_user_op
 def _lds(addr, n: int, *, loc=None, ip=None):
     """n (1, 2, 4) words from shared address addr."""
     vec = "" if n == 1 else f".v{n}"
@@ -154,15 +148,13 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", pf: int = 0, pf_early: bool = False):
+                 probe: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
         self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
-        self.pf = pf  # cpa: the blocks after the ring's first ones prefetched into L2 while x is staged
-        self.pf_early = pf_early  # that prefetch before griddepcontrol.wait instead of after it
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
         self.ring_slots = stages * (2 if epilogue == "swiglu" else 1)  # slots of ring per warp
@@ -270,11 +262,7 @@ class GemvMmaSK(GemvMma):
         gv = None
         if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
             gv = self.load_norm_w(xsd, k, ngr)
-        if cutlass.const_expr(self.cpa and self.pf > 0 and self.pf_early):
-            self._prefetch_run(geo, sl, lu, lp, n - (S - 1))
         cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(self.cpa and self.pf > 0 and not self.pf_early):
-            self._prefetch_run(geo, sl, lu, lp, n - (S - 1))
         t1 = _now() if tl else None
         self._stage_x(xsd, k, ngr, gv)
         cute.arch.sync_threads()
@@ -344,23 +332,11 @@ class GemvMmaSK(GemvMma):
         return geo[12] + (st * nb + b) * self.slot_bytes
 
     @cute.jit
-    def _prefetch_run(self, geo, sl, u, p, left):
-        """L2 prefetch of the next min(pf, left) blocks from unit u, pair p (the bytes `_load_cpa` copies)."""
-        npairs = geo[2]
-        for e in cutlass.range_constexpr(self.pf):
-            if e < left:
-                self._load_cpa(geo, sl, u, p, 0, l2=True)
-            p = p + 1
-            if p == npairs:
-                p = cutlass.Int32(0)
-                u = u + 1
-
-    @cute.jit
-    def _load_cpa(self, geo, sl, u, p, st, l2: cutlass.Constexpr = False):
+    def _load_cpa(self, geo, sl, u, p, st):
         """cp.async pair p of unit u's tile slots sl into ring stage st, 16 bytes a lane: each lane its 16
         base bytes per group at 512 q + 16 lane; the pair's high bytes (256 hw, contiguous in the image) by
         lanes < 16 hw at 1024 + 16 lane; its scale run (`scale_run` bytes) by the next lanes at
-        1024 + 256 hw + 16 lane. `l2`: the same bytes prefetched into L2, nothing copied."""
+        1024 + 256 hw + 16 lane."""
         w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
         tiles = self._tiles(u, m, n_tiles)
         base = w_ptr.toint()
@@ -369,23 +345,15 @@ class GemvMmaSK(GemvMma):
             tile = tiles[sl[b]]
             d = self._ring_addr(geo, len(sl), st, b)
             for q in cutlass.range_constexpr(2):
-                self._copy16(l2, d + 512 * q + 16 * lane, base + base_offset(tile, 2 * p + q, ngr, lane))
+                _cp_async(d + 512 * q + 16 * lane, base + base_offset(tile, 2 * p + q, ngr, lane), 16)
             if cutlass.const_expr(self.hw > 0):
                 if lane < 16 * self.hw:
-                    self._copy16(l2, d + 1024 + 16 * lane,
-                                 base + high_offset(self.bits, high, tile, 2 * p, ngr, 0) + 16 * lane)
+                    _cp_async(d + 1024 + 16 * lane, base + high_offset(self.bits, high, tile, 2 * p, ngr, 0) + 16 * lane,
+                              16)
             sl0 = 16 * self.hw % 32  # Q6's high bytes take every lane: its scales start again at lane 0
             if lane >= sl0 and lane < sl0 + run // 16:
-                self._copy16(l2, d + 1024 + 256 * self.hw + 16 * (lane - sl0),
-                             base + self._scale_off(scale, tile, p, ngr, 0) + 16 * (lane - sl0))
-
-    @staticmethod
-    def _copy16(l2, dst, src):
-        """cp.async 16 bytes src -> shared dst, or (`l2`) prefetch src's line into L2."""
-        if cutlass.const_expr(l2):
-            _prefetch_l2(src)
-        else:
-            _cp_async(dst, src, 16)
+                _cp_async(d + 1024 + 256 * self.hw + 16 * (lane - sl0),
+                          base + self._scale_off(scale, tile, p, ngr, 0) + 16 * (lane - sl0), 16)
 
     def scale_run(self) -> int:
         """Bytes of a group pair's scales in the image (contiguous; lanes of a quad may share them)."""
