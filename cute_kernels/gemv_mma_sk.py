@@ -15,10 +15,12 @@ a warp barrier (`cp.async.wait_group stages - 1`, then `bar.warp.sync`), so the 
 registers and every request is 16 bytes.
 
 A run crosses unit boundaries. At the end of each unit segment the warp adds its fp32 row sums
-into `ws` (`red.global.add.f32`, rows this unit owns) and adds the segment's pair count to the
-unit's counter (`atom.add.acq_rel.gpu` by lane 0 after the warp's reds); the warp that brings the
-counter to `pairs` reads the sums back while zeroing them (`atom.exch`), applies the epilogue,
-stores y and zeroes the counter, so `ws` is all zero again after every launch.
+into `ws` (`red.global.add.f32`, rows this unit owns); at the end of its run it adds each segment's
+pair count to the unit's counter (every lane's `fence.acq_rel.gpu` releasing its reds, then relaxed
+`atom.add` by lane 0, the run's first and last segment in flight together: a unit ending inside the
+run costs no round trip there); the warp that brings a counter to `pairs` acquires (a fence), reads
+the sums back while zeroing them (`atom.exch`), applies the epilogue, stores y and zeroes the
+counter, so `ws` is all zero again after every launch.
 
 ws layout (int32 words): counters [align_up(units, 32)], then fp32 sums [cols, Nw] (Nw = rows of
 W: M, swiglu 2 I). The launcher owns and zeroes it once.
@@ -55,10 +57,10 @@ def _red_add(addr, v, *, loc=None, ip=None):
 
 @dsl_user_op
 def _count(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
-    """old = *addr; *addr += v (u32, global, acquire-release at GPU scope)."""
+    """old = *addr; *addr += v (u32, global, relaxed at GPU scope: fences order it)."""
     return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip),
                                           cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
-                                 "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
+                                 "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
 
 
 @dsl_user_op
@@ -108,6 +110,7 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
+LEADS = ("", "after", "before")  # ring stage S - 1 first filled by the loop, right after the PDL wait, before it
 PROBES = ("", "nochain", "empty", "timeline", "nocompute")  # benchmark only (wrong results / extra writes)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
@@ -148,13 +151,16 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = ""):
+                 probe: str = "", lead: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
         self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
+        if lead not in LEADS:
+            raise ValueError(f"lead must be one of {LEADS}")
+        self.lead = lead if cpa else ""  # where the ring's last stage is first filled (see LEADS)
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
         self.ring_slots = stages * (2 if epilogue == "swiglu" else 1)  # slots of ring per warp
@@ -262,7 +268,11 @@ class GemvMmaSK(GemvMma):
         gv = None
         if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
             gv = self.load_norm_w(xsd, k, ngr)
+        if cutlass.const_expr(self.lead == "before"):
+            self._lead_load(geo, sl, lu, lp, n)
         cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(self.lead == "after"):  # in flight while x is staged
+            self._lead_load(geo, sl, lu, lp, n)
         t1 = _now() if tl else None
         self._stage_x(xsd, k, ngr, gv)
         cute.arch.sync_threads()
@@ -282,16 +292,25 @@ class GemvMmaSK(GemvMma):
         u = b0 // npairs  # compute cursor
         p = b0 - u * npairs
         seg = cutlass.Int32(0)
+        held = cutlass.Int32(-1)  # a unit whose sums are in ws but whose count waits for the run's end
+        held_seg = cutlass.Int32(0)
         for rd in cutlass.range((n + S - 1) // S, unroll=1):
             for s in cutlass.range_constexpr(S):
                 i = rd * S + s
-                if i + S - 1 < n:
+                if cutlass.const_expr(self.lead != "" and s == 0):  # block S - 1 went out with the lead
+                    if rd > 0:
+                        if i + S - 1 < n:
+                            self._load_cpa(geo, sl, lu, lp, S - 1)
+                        cute.arch.cp_async_commit_group()
+                else:
+                    if i + S - 1 < n:
+                        if cutlass.const_expr(self.cpa):
+                            self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)
+                        else:
+                            self._load(geo, bufs, sl, lu, lp, (s + S - 1) % S)
                     if cutlass.const_expr(self.cpa):
-                        self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)
-                    else:
-                        self._load(geo, bufs, sl, lu, lp, (s + S - 1) % S)
+                        cute.arch.cp_async_commit_group()
                 if cutlass.const_expr(self.cpa):
-                    cute.arch.cp_async_commit_group()
                     cute.arch.cp_async_wait_group(S - 1)
                 if cutlass.const_expr(tl):
                     if i < TRACE and i < n and lane == 0:
@@ -314,7 +333,14 @@ class GemvMmaSK(GemvMma):
                         if cutlass.const_expr(tl):
                             if i == n - 1:
                                 t3 = _now()
-                        self._flush(geo, sl, acc, u, seg, mR, mY)
+                        self._sums(geo, sl, acc, u, mY)
+                        if i == n - 1:
+                            self._arrive(geo, sl, held, held_seg, u, seg, mR, mY)
+                        else:  # a unit ends inside the run: no round trip now, its count goes with the last
+                            if held >= 0:  # (a third segment: the held one arrives alone)
+                                self._arrive(geo, sl, held, held_seg, held, 0, mR, mY)
+                            held = u
+                            held_seg = seg
                         acc.fill(0.0)
                         seg = cutlass.Int32(0)
                         if p == npairs:
@@ -326,6 +352,14 @@ class GemvMmaSK(GemvMma):
                 info = (cutlass.Int64(_smid()), cutlass.Int64(b0) + (cutlass.Int64(n) << 32))
                 for e, t in enumerate((t0, t1, t2, t3, t4) + info):
                     _st_u64(at + 8 * e, t)
+
+    @cute.jit
+    def _lead_load(self, geo, sl, u, p, n):
+        """cp.async block S - 1 of the run (at the load cursor u, p, which stays there: the loop's first
+        iteration advances it without loading) into ring stage S - 1, as its own group."""
+        if self.ring_slots // len(sl) - 1 < n:
+            self._load_cpa(geo, sl, u, p, self.ring_slots // len(sl) - 1)
+        cute.arch.cp_async_commit_group()
 
     def _ring_addr(self, geo, nb, st, b):
         """Shared address of slot b of ring stage st of this warp (lane offsets added by the callers)."""
@@ -388,9 +422,9 @@ class GemvMmaSK(GemvMma):
         self._load_tiles(w_ptr, self._tiles(u, m, n_tiles), ngr, high, scale, lane, bufs, sl, p, st)
 
     @cute.jit
-    def _flush(self, geo, sl, acc, u, seg, mR, mY):
-        """Add this warp's sums of unit u (seg pairs) into ws; the warp completing the unit finishes it."""
-        npairs, lane, m, n_tiles, n_w, cnt, part = geo[2], geo[5], geo[7], geo[8], geo[9], geo[10], geo[11]
+    def _sums(self, geo, sl, acc, u, mY):
+        """Add this warp's row sums of unit u into ws (relaxed reds, the rows unit u owns)."""
+        lane, m, n_tiles, n_w, part = geo[5], geo[7], geo[8], geo[9], geo[11]
         t_rows = cute.size(mY, mode=[0])
         g, t = lane // 4, lane % 4
         tiles = self._tiles(u, m, n_tiles)
@@ -403,26 +437,58 @@ class GemvMmaSK(GemvMma):
                         for col in cutlass.range_constexpr(self.cols):
                             if col < t_rows:
                                 _red_add(part + (col * n_w + row) * 4, acc[2 * h + col, sl[b]])
-        if cutlass.const_expr(self.probe != "nochain"):  # the counter, then the finishing warp's read-back
+
+    @cute.jit
+    def _arrive(self, geo, sl, u0, seg0, u1, seg1, mR, mY):
+        """Count this warp's pairs of unit u0 (when u0 >= 0 and seg0 > 0) and of unit u1 (seg1 > 0), whose
+        sums are in ws: every lane's fence releases its reds, lane 0 adds both counts (relaxed atomics in
+        flight together), and the warp that completes a unit acquires and finishes it."""
+        npairs, lane, cnt = geo[2], geo[5], geo[10]
+        if cutlass.const_expr(self.probe != "nochain"):  # the counters, then the finishing warp's read-back
+            cute.arch.fence_acq_rel_gpu()
             cute.arch.sync_warp()
-            old = cutlass.Int32(0)
+            a0 = cutlass.Int32(-1)
+            a1 = cutlass.Int32(-1)
             if lane == 0:
-                old = _count(cnt + u * 4, seg)
-            old = cute.arch.shuffle_sync(old, offset=0)
-            if old + seg == npairs:  # the last contribution: this warp finishes unit u
+                if u0 >= 0:
+                    a0 = _count(cnt + u0 * 4, seg0)
+                if seg1 > 0:
+                    a1 = _count(cnt + u1 * 4, seg1)
+            a0 = cute.arch.shuffle_sync(a0, offset=0)
+            a1 = cute.arch.shuffle_sync(a1, offset=0)
+            d0 = cutlass.Int32(0)
+            d1 = cutlass.Int32(0)
+            if a0 >= 0:
+                if a0 + seg0 == npairs:
+                    d0 = cutlass.Int32(1)
+            if a1 >= 0:
+                if a1 + seg1 == npairs:
+                    d1 = cutlass.Int32(1)
+            if d0 + d1 > 0:
                 cute.arch.fence_acq_rel_gpu()
-                r = lane % 16
-                col = lane // 16
-                o = 16 * u + r
-                if col < self.cols:
-                    if col < t_rows:
-                        if o < m:
-                            a = self._unscale(_take(part + (col * n_w + o) * 4), geo[13])
-                            if cutlass.const_expr(self.epilogue == "swiglu"):
-                                up = self._unscale(_take(part + (col * n_w + m + o) * 4), geo[13])
-                                a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
-                            if cutlass.const_expr(self.epilogue == "residual"):
-                                a = a + mR[col, o].to(cutlass.Float32)
-                            mY[col, o] = a.to(cutlass.BFloat16)
-                if lane == 0:
-                    _zero(cnt + u * 4)
+            if d0 > 0:
+                self._finish(geo, u0, mR, mY)
+            if d1 > 0:
+                self._finish(geo, u1, mR, mY)
+
+    @cute.jit
+    def _finish(self, geo, u, mR, mY):
+        """Unit u is complete: read its sums back while zeroing them, apply the epilogue, store y, zero
+        the unit's counter."""
+        lane, m, n_w, cnt, part = geo[5], geo[7], geo[9], geo[10], geo[11]
+        t_rows = cute.size(mY, mode=[0])
+        r = lane % 16
+        col = lane // 16
+        o = 16 * u + r
+        if col < self.cols:
+            if col < t_rows:
+                if o < m:
+                    a = self._unscale(_take(part + (col * n_w + o) * 4), geo[13])
+                    if cutlass.const_expr(self.epilogue == "swiglu"):
+                        up = self._unscale(_take(part + (col * n_w + m + o) * 4), geo[13])
+                        a = a / (1.0 + cute.math.exp(-a, fastmath=False)) * up
+                    if cutlass.const_expr(self.epilogue == "residual"):
+                        a = a + mR[col, o].to(cutlass.Float32)
+                    mY[col, o] = a.to(cutlass.BFloat16)
+        if lane == 0:
+            _zero(cnt + u * 4)

@@ -288,9 +288,10 @@ PROBE_COMBOS = (("Q4G64_F16S", "gate_up", "swiglu"), ("Q5G64_F16S", "down", "res
 
 def probe_cases() -> list:
     """The 27B decode's stream-K GEMVs (gate_up, down, the merged GDN q|k|v|z, the GDN output): the
-    default member and its two probes."""
+    default member, its probes and its ring alternatives (`mv.sk_variants` at SK_CTAS)."""
     return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
-            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)]
+            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)
+            + [a for a in mv.sk_variants(fmt, epi) if a.config["cpa"] and a.config["ctas"] == mv.SK_CTAS]]
 
 
 TIMELINE_KEPT = 3  # --timeline: the last launches kept (each its own output buffer, so its own workspace)
