@@ -5,6 +5,7 @@ import hashlib
 import json
 import shutil
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from inferno.cuda.image import cubin_entries, inspect_image  # noqa: E402
 from inferno.cuda.params import ParamLayout, ParamSpec, TensorArg  # noqa: E402
 from inferno.kernels import cache  # noqa: E402
 from inferno.kernels import build as kbuild  # noqa: E402
-from inferno.kernels.manifest import Manifest, eval_grid, grid_symbols, source_hash  # noqa: E402
+from inferno.kernels.manifest import Manifest, eval_grid, grid_symbols, kernel_sources, source_hash  # noqa: E402
 from inferno.kernels.registry import ARCHS, VARIANTS, get  # noqa: E402
 
 SMEM_LIMIT = {"sm_90a": 232448, "sm_120a": 101376}
@@ -124,6 +125,19 @@ def test_source_change_makes_kernel_stale(built, tmp_path, monkeypatch):
     src.write_text(v.source_file.read_text() + "\n# edited\n")
     monkeypatch.setattr(type(v), "source_file", property(lambda self: src))
     assert "stale" in cache.stale_reason(v, "sm_120a", tmp_path)
+
+
+def test_imported_kernel_module_is_part_of_the_source(tmp_path):
+    """A kernel's hash covers the sibling modules it imports: the NVFP4 stream-K GEMV inherits its ring
+    from gemv_mma_sk.py, which inherits from gemv_mma.py; an edit there changes the NVFP4 hash."""
+    pkg = tmp_path / "cute_kernels"
+    shutil.copytree(Path(get("gemm_wgmma").source_file).parent, pkg)
+    src = pkg / "gemv_mma_nvfp4.py"
+    assert [p.name for p in kernel_sources(src)] == ["gemv_mma_nvfp4.py", "gemv_mma.py", "gemv_mma_sk.py"]
+    before = source_hash(src, {"bits": 4})
+    (pkg / "gemv_mma.py").write_text((pkg / "gemv_mma.py").read_text() + "\n# edited\n")
+    assert source_hash(src, {"bits": 4}) != before
+    assert [p.name for p in kernel_sources(pkg / "rmsnorm.py")] == ["rmsnorm.py"]
 
 
 # --- typed launchers, without a GPU: validation and packing up to the driver call ------------

@@ -88,10 +88,40 @@ class Manifest:
         return cls.from_json(text, str(path))
 
 
+def kernel_sources(source_file: Path) -> list[Path]:
+    """The kernel source file and the sibling modules it imports, transitively (`from <package>.x import`,
+    `import <package>.x`, `from . import x`): a change to a base class in another file is a change too."""
+    pkg = source_file.parent.name
+    seen: dict[Path, None] = {}
+    todo = [source_file]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen[path] = None
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level == 1 or mod == pkg:
+                    names = [mod] if mod and mod != pkg else [a.name for a in node.names]
+                elif mod.startswith(pkg + "."):
+                    names = [mod[len(pkg) + 1:]]
+            elif isinstance(node, ast.Import):
+                names = [a.name[len(pkg) + 1:] for a in node.names if a.name.startswith(pkg + ".")]
+            for name in names:
+                dep = source_file.parent / f"{name.split('.')[0]}.py"
+                if dep.is_file():
+                    todo.append(dep)
+    return sorted(seen, key=lambda q: (q != source_file, q.name))
+
+
 def source_hash(source_file: Path, config: dict, extra: str = "") -> str:
-    """sha256 over the kernel source file, its static config and the manifest schema."""
+    """sha256 over the kernel source and the sibling modules it imports (`kernel_sources`), its static
+    config and the manifest schema."""
     h = hashlib.sha256()
-    h.update(source_file.read_bytes())
+    for path in kernel_sources(source_file):
+        h.update(path.read_bytes())
     h.update(json.dumps(config, sort_keys=True).encode())
     h.update(f"schema={SCHEMA};{extra}".encode())
     return h.hexdigest()
