@@ -110,6 +110,7 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
+PROLOGUES = ("wait", "staged")  # the first stages - 1 blocks issued before the PDL wait, or after x is staged
 LEADS = ("", "after", "before")  # ring stage S - 1 first filled by the loop, right after the PDL wait, before it
 PROBES = ("", "nochain", "empty", "timeline", "nocompute")  # benchmark only (wrong results / extra writes)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
@@ -151,7 +152,7 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", lead: str = ""):
+                 probe: str = "", lead: str = "", prologue: str = "wait"):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
@@ -161,6 +162,9 @@ class GemvMmaSK(GemvMma):
         if lead not in LEADS:
             raise ValueError(f"lead must be one of {LEADS}")
         self.lead = lead if cpa else ""  # where the ring's last stage is first filled (see LEADS)
+        if prologue not in PROLOGUES:
+            raise ValueError(f"prologue must be one of {PROLOGUES}")
+        self.prologue = prologue  # where the first stages - 1 blocks are issued (see PROLOGUES)
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
         self.ring_slots = stages * (2 if epilogue == "swiglu" else 1)  # slots of ring per warp
@@ -253,18 +257,8 @@ class GemvMmaSK(GemvMma):
         # load cursor (unit lu, pair lp) of block b0 + (loads issued)
         lu = b0 // npairs
         lp = b0 - lu * npairs
-        for st in cutlass.range_constexpr(S - 1):
-            if st < n:
-                if cutlass.const_expr(self.cpa):
-                    self._load_cpa(geo, sl, lu, lp, st)
-                else:
-                    self._load(geo, bufs, sl, lu, lp, st)
-            if cutlass.const_expr(self.cpa):
-                cute.arch.cp_async_commit_group()
-            lp = lp + 1
-            if lp == npairs:
-                lp = cutlass.Int32(0)
-                lu = lu + 1
+        if cutlass.const_expr(self.prologue == "wait"):
+            lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, S)
         gv = None
         if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
             gv = self.load_norm_w(xsd, k, ngr)
@@ -276,6 +270,8 @@ class GemvMmaSK(GemvMma):
         t1 = _now() if tl else None
         self._stage_x(xsd, k, ngr, gv)
         cute.arch.sync_threads()
+        if cutlass.const_expr(self.prologue == "staged"):
+            lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, S)
         t2 = _now() if tl else None
         t3 = t2
         xsr = self._xs_lane(xsd, lane)
@@ -352,6 +348,24 @@ class GemvMmaSK(GemvMma):
                 info = (cutlass.Int64(_smid()), cutlass.Int64(b0) + (cutlass.Int64(n) << 32))
                 for e, t in enumerate((t0, t1, t2, t3, t4) + info):
                     _st_u64(at + 8 * e, t)
+
+    @cute.jit
+    def _prologue(self, geo, bufs, sl, lu, lp, n, S):
+        """Issue the run's first S - 1 blocks into stages 0 .. S - 2; the load cursor after them."""
+        npairs = geo[2]
+        for st in cutlass.range_constexpr(S - 1):
+            if st < n:
+                if cutlass.const_expr(self.cpa):
+                    self._load_cpa(geo, sl, lu, lp, st)
+                else:
+                    self._load(geo, bufs, sl, lu, lp, st)
+            if cutlass.const_expr(self.cpa):
+                cute.arch.cp_async_commit_group()
+            lp = lp + 1
+            if lp == npairs:
+                lp = cutlass.Int32(0)
+                lu = lu + 1
+        return lu, lp
 
     @cute.jit
     def _lead_load(self, geo, sl, u, p, n):

@@ -198,7 +198,11 @@ def main() -> None:
                     help="stream-K members vs their probes (no flush chain; no stream) on the 27B shapes")
     ap.add_argument("--timeline", action="store_true",
                     help="per-warp timeline of the 27B stream-K shapes (the `timeline` probe; build with --probe)")
+    ap.add_argument("--sk", action="append", default=[], metavar="KEY=VALUE",
+                    help="--probe / --timeline: the probes of the stream-K member with this ring option "
+                         "(stages=N, lead=after|before, prologue=staged)")
     a = ap.parse_args()
+    a.ring = ring_options(a.sk)
     if a.timeline:
         timeline_main(a)
         return
@@ -212,7 +216,7 @@ def main() -> None:
         a.mma = True
         extra = xs_cases()
     if a.probe:
-        extra = probe_cases()
+        extra = probe_cases(a.ring)
     if a.build:
         from inferno.kernels.build import build_all
 
@@ -279,19 +283,35 @@ def main() -> None:
     if a.mma:
         print_mma_table(rows_out, copy)
     if a.probe:
-        print_probe_table(rows_out)
+        print_probe_table(rows_out, a.ring)
 
 
 PROBE_COMBOS = (("Q4G64_F16S", "gate_up", "swiglu"), ("Q5G64_F16S", "down", "residual"),
                 ("Q5G64_F16S", "qkvz", "plain"), ("Q5G64_F16S", "gdn_out", "residual"))
 
 
-def probe_cases() -> list:
+def probe_cases(ring: dict) -> list:
     """The 27B decode's stream-K GEMVs (gate_up, down, the merged GDN q|k|v|z, the GDN output): the
-    default member, its probes and its ring alternatives (`mv.sk_variants` at SK_CTAS)."""
-    return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
-            for v in [mv.make_sk_variant(fmt, epi)] + mv.probe_variants(fmt, epi)
-            + [a for a in mv.sk_variants(fmt, epi) if a.config["cpa"] and a.config["ctas"] == mv.SK_CTAS]]
+    default member, its ring alternatives (`mv.sk_variants` at SK_CTAS) and the probes of the member with
+    the `ring` options (`--sk`)."""
+    out = {}
+    for fmt, shape, epi in PROBE_COMBOS:
+        for v in ([mv.make_sk_variant(fmt, epi), mv.make_sk_variant(fmt, epi, **ring)]
+                  + [a for a in mv.sk_variants(fmt, epi) if a.config["cpa"] and a.config["ctas"] == mv.SK_CTAS]
+                  + mv.probe_variants(fmt, epi, **ring)):
+            out.setdefault((v.name, shape), (v, fmt, shape))
+    return list(out.values())
+
+
+def ring_options(pairs: list[str]) -> dict:
+    """`--sk KEY=VALUE` pairs as make_sk_variant's ring options (stages: int; lead, prologue: str)."""
+    out = {}
+    for kv in pairs:
+        key, sep, val = kv.partition("=")
+        if not sep or key not in ("stages", "lead", "prologue"):
+            raise SystemExit(f"--sk takes stages=N, lead=after|before|, prologue=wait|staged; not {kv!r}")
+        out[key] = int(val) if key == "stages" else val
+    return out
 
 
 TIMELINE_KEPT = 3  # --timeline: the last launches kept (each its own output buffer, so its own workspace)
@@ -317,7 +337,7 @@ def timeline_main(a) -> None:
     for fmt, shape, epi in PROBE_COMBOS:
         n, k = SHAPES[shape]
         w = Weights(fmt, n, k, ql.random_payload(fmt, n, k, rng), tiled=True)
-        kern = mv.GemvMmaSK(load(mv.make_sk_variant(fmt, epi, probe="timeline"), dev))
+        kern = mv.GemvMmaSK(load(mv.make_sk_variant(fmt, epi, probe="timeline", **a.ring), dev))
         m = n // 2 if epi == "swiglu" else n
         x = to_device(None, rng.standard_normal((1, k), np.float32).astype(bf16), "x")
         ys = [device_alloc(2 * m, f"y{i}") for i in range(TIMELINE_KEPT)]
@@ -381,13 +401,15 @@ def longest_lull(arrivals: np.ndarray) -> float:
     return float(np.diff(a).max()) if a.size > 1 else 0.0
 
 
-def print_probe_table(rows: list) -> None:
-    """Per shape: us per launch of the member, the flush chain (member - nochain), the fixed cost of a
-    launch that streams nothing (empty) and what streaming leaves over the copy floor."""
-    def tag(v: str) -> str:
-        return v.partition("_sk")[2].replace("_probe_", "")
-
-    by = {(r["shape"], tag(r["variant"])): r for r in rows if "_sk" in r["variant"]}
+def print_probe_table(rows: list, ring: dict) -> None:
+    """Per shape: us per launch of the member (with the `ring` options), the flush chain (member - nochain),
+    the fixed cost of a launch that streams nothing (empty) and what streaming leaves over the copy floor."""
+    members = {mv.make_sk_variant(fmt, epi, **ring).name for fmt, _, epi in PROBE_COMBOS}
+    by = {}
+    for r in rows:
+        base, _, probe = r["variant"].partition("_probe_")
+        if base in members:
+            by[(r["shape"], probe)] = r
     print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us | "
           "no compute us |")
     print("|---|---|---|---|---|---|")
