@@ -110,8 +110,6 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
-PROLOGUES = ("wait", "staged")  # the first stages - 1 blocks issued before the PDL wait, or after x is staged
-LEADS = ("", "after", "before")  # ring stage S - 1 first filled by the loop, right after the PDL wait, before it
 PROBES = ("", "nochain", "empty", "timeline", "nocompute")  # benchmark only (wrong results / extra writes)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
@@ -152,19 +150,13 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", lead: str = "", prologue: str = "wait"):
+                 probe: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
         self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
-        if lead not in LEADS:
-            raise ValueError(f"lead must be one of {LEADS}")
-        self.lead = lead if cpa else ""  # where the ring's last stage is first filled (see LEADS)
-        if prologue not in PROLOGUES:
-            raise ValueError(f"prologue must be one of {PROLOGUES}")
-        self.prologue = prologue  # where the first stages - 1 blocks are issued (see PROLOGUES)
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
         self.ring_slots = stages * (2 if epilogue == "swiglu" else 1)  # slots of ring per warp
@@ -257,21 +249,14 @@ class GemvMmaSK(GemvMma):
         # load cursor (unit lu, pair lp) of block b0 + (loads issued)
         lu = b0 // npairs
         lp = b0 - lu * npairs
-        if cutlass.const_expr(self.prologue == "wait"):
-            lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, S)
+        lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, S)  # before the wait: the weights are static
         gv = None
         if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
             gv = self.load_norm_w(xsd, k, ngr)
-        if cutlass.const_expr(self.lead == "before"):
-            self._lead_load(geo, sl, lu, lp, n)
         cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(self.lead == "after"):  # in flight while x is staged
-            self._lead_load(geo, sl, lu, lp, n)
         t1 = _now() if tl else None
         self._stage_x(xsd, k, ngr, gv)
         cute.arch.sync_threads()
-        if cutlass.const_expr(self.prologue == "staged"):
-            lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, S)
         t2 = _now() if tl else None
         t3 = t2
         xsr = self._xs_lane(xsd, lane)
@@ -293,20 +278,13 @@ class GemvMmaSK(GemvMma):
         for rd in cutlass.range((n + S - 1) // S, unroll=1):
             for s in cutlass.range_constexpr(S):
                 i = rd * S + s
-                if cutlass.const_expr(self.lead != "" and s == 0):  # block S - 1 went out with the lead
-                    if rd > 0:
-                        if i + S - 1 < n:
-                            self._load_cpa(geo, sl, lu, lp, S - 1)
-                        cute.arch.cp_async_commit_group()
-                else:
-                    if i + S - 1 < n:
-                        if cutlass.const_expr(self.cpa):
-                            self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)
-                        else:
-                            self._load(geo, bufs, sl, lu, lp, (s + S - 1) % S)
+                if i + S - 1 < n:
                     if cutlass.const_expr(self.cpa):
-                        cute.arch.cp_async_commit_group()
+                        self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)
+                    else:
+                        self._load(geo, bufs, sl, lu, lp, (s + S - 1) % S)
                 if cutlass.const_expr(self.cpa):
+                    cute.arch.cp_async_commit_group()
                     cute.arch.cp_async_wait_group(S - 1)
                 if cutlass.const_expr(tl):
                     if i < TRACE and i < n and lane == 0:
@@ -366,14 +344,6 @@ class GemvMmaSK(GemvMma):
                 lp = cutlass.Int32(0)
                 lu = lu + 1
         return lu, lp
-
-    @cute.jit
-    def _lead_load(self, geo, sl, u, p, n):
-        """cp.async block S - 1 of the run (at the load cursor u, p, which stays there: the loop's first
-        iteration advances it without loading) into ring stage S - 1, as its own group."""
-        if self.ring_slots // len(sl) - 1 < n:
-            self._load_cpa(geo, sl, u, p, self.ring_slots // len(sl) - 1)
-        cute.arch.cp_async_commit_group()
 
     def _ring_addr(self, geo, nb, st, b):
         """Shared address of slot b of ring stage st of this warp (lane offsets added by the callers)."""
