@@ -335,6 +335,9 @@ def test_stream_k_variants():
     assert [a.name for a in v.args if a is not None] == ["w", "x", "y", "ws"]
     assert v.config["cpa"] and v.config["stages"] == mv.SK_STAGES[("q4", True)]
     assert mv.make_sk_variant("Q6G64_F16S", "plain", stages=2, ctas=2, warps=8).name == "gemv_mma_q6_t1_sk_p2_c2_w8"
+    pairs = mv.make_sk_variant("Q5G64_F16S", "residual", pairs=True)
+    assert pairs.name == "gemv_mma_q5_t1_res_sk_pairs" and pairs.config["pairs"] and "pairs" not in v.config
+    assert pairs.name in {a.name for a in mv.sk_variants("Q5G64_F16S", "residual")}
     regs = mv.make_sk_variant("Q6G64_F16S", "plain", cpa=False)
     assert regs.name == "gemv_mma_q6_t1_sk_regs_p3_c1_w16" and not regs.config["cpa"]
     assert mv.ring_fits("Q6G64_F16S", "swiglu", 3, 16) and not mv.ring_fits("Q6G64_F16S", "swiglu", 4, 16)
