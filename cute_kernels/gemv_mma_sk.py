@@ -25,7 +25,8 @@ the sums back while zeroing them (`atom.exch`), applies the epilogue, stores y a
 counter, so `ws` is all zero again after every launch.
 
 ws layout (int32 words): counters [align_up(units, 32)], then fp32 sums [cols, Nw] (Nw = rows of
-W: M, swiglu 2 I). The launcher owns and zeroes it once.
+W: M, swiglu 2 I) in room for 8 bytes a row (the "fixed" probe's words). The launcher owns and zeroes
+it once.
 
 Rows a unit owns (each weight row is added by exactly one unit): plain / residual the rows of its
 tile below M; swiglu the gate rows 16 u .. 16 u + 15 below I and the up rows I + 16 u .. of its
@@ -81,6 +82,44 @@ def _cp_async(dst, src, nbytes: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def _fx_add(addr, a, two_s, seg, *, loc=None, ip=None) -> cutlass.Int64:
+    """The "fixed" probe's row add: v = (seg << 56) + rni(a * two_s) added to the u64 at addr (one atomic);
+    the word's value after this add (old + v)."""
+    return cutlass.Int64(_asm_se(
+        T.i64(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), cutlass.Float32(a).ir_value(loc=loc, ip=ip),
+                  cutlass.Float32(two_s).ir_value(loc=loc, ip=ip), cutlass.Int32(seg).ir_value(loc=loc, ip=ip)],
+        "{ .reg .f32 f; .reg .s64 v, c, o; mul.rn.f32 f, $2, $3; cvt.rni.s64.f32 v, f; cvt.s64.s32 c, $4; "
+        "shl.b64 c, c, 56; add.s64 v, v, c; atom.global.add.u64 o, [$1], v; add.s64 $0, o, v; }",
+        "=l,l,f,f,r", loc, ip))
+
+
+@dsl_user_op
+def _f32_bits(v, *, loc=None, ip=None) -> cutlass.Float32:
+    """The fp32 whose bits are v."""
+    return cutlass.Float32(_asm_se(T.f32(), [cutlass.Int32(v).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=f,r",
+                                   loc, ip))
+
+
+@dsl_user_op
+def _fx_done(w, npairs, *, loc=None, ip=None) -> cutlass.Int32:
+    """1 when the fixed-point row word w holds all npairs pairs (its top byte, rounded: |sum| < 2^55)."""
+    return cutlass.Int32(_asm_se(
+        T.i32(), [cutlass.Int64(w).ir_value(loc=loc, ip=ip), cutlass.Int32(npairs).ir_value(loc=loc, ip=ip)],
+        "{ .reg .s64 t; .reg .u64 h, n; .reg .pred p; add.s64 t, $1, 36028797018963968; shr.u64 h, t, 56; "
+        "cvt.u64.u32 n, $2; setp.eq.u64 p, h, n; selp.u32 $0, 1, 0, p; }", "=r,l,r", loc, ip))
+
+
+@dsl_user_op
+def _fx_value(w, npairs, inv, *, loc=None, ip=None) -> cutlass.Float32:
+    """The fp32 sum of a complete fixed-point row word w: (w - (npairs << 56)) * inv."""
+    return cutlass.Float32(_asm_se(
+        T.f32(), [cutlass.Int64(w).ir_value(loc=loc, ip=ip), cutlass.Int32(npairs).ir_value(loc=loc, ip=ip),
+                  cutlass.Float32(inv).ir_value(loc=loc, ip=ip)],
+        "{ .reg .s64 c, t; .reg .f32 f; cvt.s64.s32 c, $2; shl.b64 c, c, 56; sub.s64 t, $1, c; "
+        "cvt.rn.f32.s64 f, t; mul.rn.f32 $0, f, $3; }", "=f,l,r,f", loc, ip))
+
+
+@dsl_user_op
 def _claim(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
     """old = *addr; *addr += v (u32, shared memory)."""
     return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip),
@@ -127,7 +166,8 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
-PROBES = ("", "nochain", "empty", "timeline", "nocompute")  # benchmark only (wrong results / extra writes)
+PROBES = ("", "nochain", "empty", "timeline", "nocompute", "fixed")  # benchmark only (wrong results / extra writes)
+FX_WEXP = 8  # "fixed": the weights' magnitudes assumed below 2^FX_WEXP (K below 2^15)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
 
@@ -163,7 +203,11 @@ class GemvMmaSK(GemvMma):
     entering the run, after the PDL wait, after the x staging, before the last flush and after it; the SM
     (%smid); the run's first block | its block count << 32; then the time each of the run's first TRACE
     blocks is in the ring (after its cp.async wait). "nocompute" streams the ring but neither decodes nor
-    multiplies (the loop's memory side alone)."""
+    multiplies (the loop's memory side alone). "fixed" (plain / residual) finishes each row in one round
+    trip: a 64-bit word per row (8 bytes a row after the counters) gets (pairs << 56) + the sum in fixed
+    point (scale 2^s from the CTA's largest |x|, assuming |w| < 2^FX_WEXP) by one `atom.add.u64`; the
+    adder that sees the word complete has the exact total and finishes the row (no fence, no counter, no
+    read-back; order-independent sums). Correct only under that bound."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
@@ -172,6 +216,8 @@ class GemvMmaSK(GemvMma):
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
+        if probe == "fixed" and (epilogue == "swiglu" or not cpa or cols != 1):
+            raise ValueError("the fixed probe: plain / residual, the ring, T = 1")
         self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         if pairs and (not cpa or warps % 2):
@@ -228,6 +274,9 @@ class GemvMmaSK(GemvMma):
             cute.arch.sync_threads()
 
         xsd = self.xs_smem(smem, mX, mN, eps)
+        amx = None
+        if cutlass.const_expr(self.probe == "fixed"):
+            amx = smem.allocate_tensor(cutlass.Int32, cute.make_layout((32,)), byte_alignment=16)
         ring0 = cutlass.Int32(0)
         if cutlass.const_expr(self.cpa):
             if cutlass.const_expr(ring is None):
@@ -242,28 +291,28 @@ class GemvMmaSK(GemvMma):
             sl = (0, 1, 2)
         if cutlass.const_expr(self.pairs):
             if warp % 2 == 0:
-                self._run_tiles(geo, sl, xsd, mR, mY, b0, b1, word, 1)
+                self._run_tiles(geo, sl, xsd, mR, mY, b0, b1, word, 1, amx)
             else:
-                self._run_tiles(geo, sl, xsd, mR, mY, b0, b1, word, -1)
+                self._run_tiles(geo, sl, xsd, mR, mY, b0, b1, word, -1, amx)
         else:
-            self._run_tiles(geo, sl, xsd, mR, mY, b0, b1, word, 0)
+            self._run_tiles(geo, sl, xsd, mR, mY, b0, b1, word, 0, amx)
 
     @cute.jit
-    def _run_tiles(self, geo, sl, xsd, mR, mY, b0, b1, word, step: cutlass.Constexpr):
+    def _run_tiles(self, geo, sl, xsd, mR, mY, b0, b1, word, step: cutlass.Constexpr, amx):
         """_run with swiglu's third tile slot only where I is not a multiple of 16."""
         if cutlass.const_expr(len(sl) == 3):
             if geo[7] % 16 == 0:
-                self._run(geo, (0, 1), xsd, mR, mY, b0, b1, word, step)
+                self._run(geo, (0, 1), xsd, mR, mY, b0, b1, word, step, amx)
             else:
-                self._run(geo, sl, xsd, mR, mY, b0, b1, word, step)
+                self._run(geo, sl, xsd, mR, mY, b0, b1, word, step, amx)
         else:
-            self._run(geo, sl, xsd, mR, mY, b0, b1, word, step)
+            self._run(geo, sl, xsd, mR, mY, b0, b1, word, step, amx)
 
     def _tiles(self, u, m, n_tiles):
         return unit_tiles(self.epilogue, u, m, n_tiles)
 
     @cute.jit
-    def _run(self, geo, sl, xsd, mR, mY, b0, b1, word, step: cutlass.Constexpr):
+    def _run(self, geo, sl, xsd, mR, mY, b0, b1, word, step: cutlass.Constexpr, amx=None):
         """Stream blocks b0 .. b1 - 1 (unit b // pairs, pair b % pairs) through `stages` register stages
         (cpa: a ring of shared-memory stages, filled by cp.async); flush at every unit end and at the run's
         end. `step` 0: all of them, in order. `step` +1 / -1 (pairs): the two warps of a pair share the run,
@@ -285,7 +334,7 @@ class GemvMmaSK(GemvMma):
         if cutlass.const_expr(tl):
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
-            end = (geo[11] + self.cols * geo[9] * 4 + 7) // 8 * 8
+            end = (geo[11] + self.cols * geo[9] * 8 + 7) // 8 * 8
             at = end + (bidx * self.warps + tidx // 32) * (8 * TIMELINE)
         wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)
         hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
@@ -307,8 +356,11 @@ class GemvMmaSK(GemvMma):
             gv = self.load_norm_w(xsd, k, ngr)
         cute.arch.griddepcontrol_wait()
         t1 = _now() if tl else None
-        self._stage_x(xsd, k, ngr, gv)
+        self._stage_x(xsd, k, ngr, gv, amx)
         cute.arch.sync_threads()
+        fxs = None
+        if cutlass.const_expr(amx is not None):
+            fxs = self._fixed_scale(amx)
         t2 = _now() if tl else None
         t3 = t2
         xsr = self._xs_lane(xsd, lane)
@@ -327,6 +379,8 @@ class GemvMmaSK(GemvMma):
         seg = cutlass.Int32(0)
         held = cutlass.Int32(-1)  # a unit whose sums are in ws but whose count waits for the run's end
         held_seg = cutlass.Int32(0)
+        hv0 = cutlass.Int64(0)  # "fixed": the held unit's row words after this lane's adds (rows g, g + 8)
+        hv1 = cutlass.Int64(0)
         end = npairs if step >= 0 else -1  # the pair index past a unit's last in this warp's direction
         for rd in cutlass.range((n + S - 1) // S, unroll=1):
             if cutlass.const_expr(step == 0) or rd * S < claimed:  # (pairs: rounds past the last block)
@@ -362,14 +416,24 @@ class GemvMmaSK(GemvMma):
                             if cutlass.const_expr(tl):
                                 if i == claimed - 1:
                                     t3 = _now()
-                            self._sums(geo, sl, acc, u, mY)
-                            if i == claimed - 1:
-                                self._arrive(geo, sl, held, held_seg, u, seg, mR, mY)
-                            else:  # a unit ends inside the run: no round trip now, its count goes with the last
-                                if held >= 0:  # (a third segment: the held one arrives alone)
-                                    self._arrive(geo, sl, held, held_seg, held, 0, mR, mY)
+                            if cutlass.const_expr(fxs is not None):
+                                v0, v1 = self._fixed_add(geo, acc, u, seg, fxs)
+                                if held >= 0:  # its words came back while this segment streamed
+                                    self._fixed_finish(geo, held, hv0, hv1, fxs, mR, mY)
                                 held = u
-                                held_seg = seg
+                                hv0 = v0
+                                hv1 = v1
+                                if i == claimed - 1:
+                                    self._fixed_finish(geo, u, v0, v1, fxs, mR, mY)
+                            else:
+                                self._sums(geo, sl, acc, u, mY)
+                                if i == claimed - 1:
+                                    self._arrive(geo, sl, held, held_seg, u, seg, mR, mY)
+                                else:  # a unit ends inside the run: no round trip now, its count goes with the last
+                                    if held >= 0:  # (a third segment: the held one arrives alone)
+                                        self._arrive(geo, sl, held, held_seg, held, 0, mR, mY)
+                                    held = u
+                                    held_seg = seg
                             acc.fill(0.0)
                             seg = cutlass.Int32(0)
                             if p == end:
@@ -496,6 +560,49 @@ class GemvMmaSK(GemvMma):
         """Issue the weight loads of pair p of unit u's tile slots sl into register stage st."""
         w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
         self._load_tiles(w_ptr, self._tiles(u, m, n_tiles), ngr, high, scale, lane, bufs, sl, p, st)
+
+    @cute.jit
+    def _fixed_scale(self, amx):
+        """("fixed") (2^s, 2^-s) with s = 39 - FX_WEXP - E, |x| < 2^E over the CTA (every CTA stages the
+        same x: the same s), clamped to +-100: row sums stay below 2^55 in fixed point."""
+        mx = cutlass.Int32(0)
+        for w in cutlass.range_constexpr(self.warps):
+            mx = cutlass.max(mx, amx[w])
+        sc = cutlass.min(cutlass.max(39 - FX_WEXP - (((mx >> 7) & 0xFF) - 126), -100), 100)
+        return _f32_bits((sc + 127) << 23), _f32_bits((127 - sc) << 23)
+
+    @cute.jit
+    def _fixed_add(self, geo, acc, u, seg, fxs):
+        """("fixed") Lanes t = 0 add rows g, g + 8 of unit u (seg pairs) into their words; the words after
+        the adds (0 where the row is past M or the lane holds none)."""
+        lane, m, n_tiles, part = geo[5], geo[7], geo[8], geo[11]
+        g, t = lane // 4, lane % 4
+        v0 = cutlass.Int64(0)
+        v1 = cutlass.Int64(0)
+        if t == 0:
+            row = 16 * self._tiles(u, m, n_tiles)[0] + g
+            if row < m:
+                v0 = _fx_add(part + cutlass.Int64(row) * 8, acc[0, 0], fxs[0], seg)
+            if row + 8 < m:
+                v1 = _fx_add(part + cutlass.Int64(row + 8) * 8, acc[2, 0], fxs[0], seg)
+        return v0, v1
+
+    @cute.jit
+    def _fixed_finish(self, geo, u, v0, v1, fxs, mR, mY):
+        """("fixed") Rows g, g + 8 of unit u whose word this lane completed: epilogue, y, the word zeroed."""
+        npairs, lane, m, n_tiles, part = geo[2], geo[5], geo[7], geo[8], geo[11]
+        g, t = lane // 4, lane % 4
+        if t == 0:
+            for h in cutlass.range_constexpr(2):
+                row = 16 * self._tiles(u, m, n_tiles)[0] + g + 8 * h
+                v = v0 if h == 0 else v1
+                if row < m:
+                    if _fx_done(v, npairs) != 0:
+                        a = self._unscale(_fx_value(v, npairs, fxs[1]), geo[13])
+                        if cutlass.const_expr(self.epilogue == "residual"):
+                            a = a + mR[0, row].to(cutlass.Float32)
+                        mY[0, row] = a.to(cutlass.BFloat16)
+                        _st_u64(part + cutlass.Int64(row) * 8, cutlass.Int64(0))
 
     @cute.jit
     def _sums(self, geo, sl, acc, u, mY):

@@ -346,9 +346,9 @@ def test_stream_k_variants():
     assert not mv.sk_wins(620800, "plain")  # the output head
     with pytest.raises(LaunchError, match="Q4-Q6 at T = 1"):
         mv.make_sk_variant("W8G32_F16S", "plain")
-    # counters for 2 units padded to 32 words, then fp32 sums [cols, rows of W]
-    assert mv.sk_workspace_bytes(17, 34, 1) == 4 * (32 + 34)
-    assert mv.sk_workspace_bytes(5120, 5120, 1) == 4 * (320 + 5120)
+    # counters for 2 units padded to 32 words, then fp32 sums [cols, rows of W] in 8 bytes a row
+    assert mv.sk_workspace_bytes(17, 34, 1) == 4 * 32 + 8 * 34
+    assert mv.sk_workspace_bytes(5120, 5120, 1) == 4 * 320 + 8 * 5120
     kern = mv.GemvMmaSK(_Loaded(v))
     from inferno.cuda.memory import DeviceBuffer
 
@@ -376,15 +376,16 @@ def _cuobjdump() -> str | None:
 
 def test_probe_variants(tmp_path):
     """The benchmark's stream-K probes build; in their SASS (where cuobjdump is installed) `nochain` keeps
-    the row sums' reds but no unit-counter atomics, `empty` and `nocompute` have no mma at all; the member
-    is untouched."""
+    the row sums' reds but no unit-counter atomics, `empty` and `nocompute` have no mma at all, `fixed` has
+    64-bit atomics and no fence; the member is untouched."""
     import subprocess
 
     from inferno.kernels.build import build_variant
 
     probes = mv.probe_variants("Q5G64_F16S", "residual")
     assert [v.name for v in probes] == [f"gemv_mma_q5_t1_res_sk_probe_{p}"
-                                        for p in ("nochain", "empty", "nocompute", "timeline")]
+                                        for p in ("nochain", "empty", "nocompute", "timeline", "fixed")]
+    assert "fixed" not in {v.config.get("probe") for v in mv.probe_variants("Q5G64_F16S", "swiglu")}
     assert all(v.name not in {m.name for m in mv.GEMV_MMA_VARIANTS} for v in probes)  # never the executor's
     member = mv.make_sk_variant("Q5G64_F16S", "residual")
     assert "probe" not in member.config
@@ -403,6 +404,9 @@ def test_probe_variants(tmp_path):
     assert "HMMA" not in sass["empty"] and "RED" not in sass["empty"]
     assert "HMMA" not in sass["nocompute"] and "LDGSTS" in sass["nocompute"] and "RED" in sass["nocompute"]
     assert "GLOBALTIMER" in sass["timeline"] and "GLOBALTIMER" not in sass[""]
+    # fixed: one 64-bit atomic add per row, no fence, no fp32 reds, no exchange
+    assert "ATOMG.E.ADD.64" in sass["fixed"] and "MEMBAR" not in sass["fixed"] and "RED" not in sass["fixed"]
+    assert "MEMBAR" in sass[""] and "EXCH" in sass[""]
 
 
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),

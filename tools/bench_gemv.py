@@ -411,15 +411,17 @@ def print_probe_table(rows: list, ring: dict) -> None:
         if base in members:
             by[(r["shape"], probe)] = r
     print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us | "
-          "no compute us |")
-    print("|---|---|---|---|---|---|")
+          "no compute us | fixed-point rows us |")
+    print("|---|---|---|---|---|---|---|")
     for shape in dict.fromkeys(r["shape"] for r in rows):
-        full, chain, empty, nocomp = (by.get((shape, p)) for p in ("", "nochain", "empty", "nocompute"))
+        full, chain, empty, nocomp, fixed = (by.get((shape, p))
+                                             for p in ("", "nochain", "empty", "nocompute", "fixed"))
         if not (full and chain and empty):
             continue
         rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
         print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
-              f"{empty['us']:.1f} | {rest:.1f} | {nocomp['us'] if nocomp else float('nan'):.1f} |")
+              f"{empty['us']:.1f} | {rest:.1f} | {nocomp['us'] if nocomp else float('nan'):.1f} | "
+              f"{fixed['us'] if fixed else float('nan'):.1f} |")
 
 
 def mma_cases(tune: bool) -> list:

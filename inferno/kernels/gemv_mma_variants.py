@@ -240,14 +240,17 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
 def probe_variants(fmt: str, epilogue: str, **ring) -> list[Variant]:
     """The stream-K member (the default, or `ring`: make_sk_variant's ring options) with its flush chain
     skipped, with no stream at all, streaming without computing (timing probes for `tools/bench_gemv.py
-    --probe`; their outputs are wrong), and with per-warp %globaltimer stamps (`--timeline`)."""
-    return [make_sk_variant(fmt, epilogue, probe=p, **ring) for p in ("nochain", "empty", "nocompute", "timeline")]
+    --probe`; their outputs are wrong), with per-warp %globaltimer stamps (`--timeline`), and (plain,
+    residual) finishing rows through one fixed-point atomic each (`fixed`: right for |w| < 2^8)."""
+    probes = ("nochain", "empty", "nocompute", "timeline") + (("fixed",) if epilogue != "swiglu" else ())
+    return [make_sk_variant(fmt, epilogue, probe=p, **ring) for p in probes]
 
 
 def sk_workspace_bytes(m: int, n_w: int, cols: int) -> int:
-    """Bytes of the stream-K workspace: unit counters, then fp32 sums [cols, n_w]."""
+    """Bytes of the stream-K workspace: unit counters, then fp32 sums [cols, n_w] in room for 8 bytes a
+    row (the `fixed` probe's 64-bit row words)."""
     units = -(-m // 16)
-    return 4 * (-(-units // COUNTER_ALIGN) * COUNTER_ALIGN + cols * n_w)
+    return 4 * -(-units // COUNTER_ALIGN) * COUNTER_ALIGN + 8 * cols * n_w
 
 
 def xs_variants(fmt: str, epilogue: str, cols: int) -> list[Variant]:
