@@ -334,14 +334,6 @@ def _bf16x2_sum(v, *, loc=None, ip=None) -> cutlass.Float32:
 
 
 @dsl_user_op
-def _bf16x2_amax(m, v, *, loc=None, ip=None) -> cutlass.Int32:
-    """max(m, |v|) per bf16 half, as magnitude bits (u16x2: their integer order is the values' order)."""
-    return cutlass.Int32(_asm(
-        T.i32(), [cutlass.Int32(m).ir_value(loc=loc, ip=ip), cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
-        "{ .reg .b32 a; and.b32 a, $2, 0x7fff7fff; max.u16x2 $0, $1, a; }", "=r,r,r", loc, ip))
-
-
-@dsl_user_op
 def _bf16x2_sq(v, *, loc=None, ip=None) -> cutlass.Float32:
     """lo^2 + hi^2 of a bf16x2 word, in fp32."""
     return cutlass.Float32(_asm(
@@ -656,15 +648,13 @@ class GemvMma:
         return gv
 
     @cute.jit
-    def _stage_x(self, xsd, k, ngr, gv=None, amax=None):
+    def _stage_x(self, xsd, k, ngr, gv=None):
         """All threads: x [T, K] into shared memory as the B words of every (column c, group j, quad
         thread t) (b_regs of x[c, 64 j + 16 t ..], 32 bytes at ((c ngmax + j) 4 + t) 32) and
         -bias * sum(x[c, group j]) at c ngmax + j; columns >= T repeat column T - 1, x past K is 0.
         A thread's records are r = tidx + threads i; all their x loads are issued first (one L2
         latency for the whole staging), then decoded and stored. With `norm` the records are normed
-        first (the sum of squares reduced over the CTA; gv: the norm weight's records, or loaded here).
-        `amax` (a shared Int32 tensor [warps]): each warp's largest |x| as bf16 magnitude bits (read after the
-        caller's barrier)."""
+        first (the sum of squares reduced over the CTA; gv: the norm weight's records, or loaded here)."""
         mX, xsm, nbs = xsd[0], xsd[1], xsd[2]
         t_rows = cute.size(mX, mode=[0])
         n_rec = self.cols * ngr * 4
@@ -694,17 +684,6 @@ class GemvMma:
                 _sts4(a + 16, [br[2][0], br[2][1], br[3][0], br[3][1]])
                 if t == 0:
                     nbs[c * self.ngmax + j] = s * cutlass.Float32(-float(BIAS[self.bits]))
-        if cutlass.const_expr(amax is not None):
-            mx = cutlass.Int32(0)
-            for it in cutlass.range_constexpr(rounds):
-                for q in cutlass.range_constexpr(8):
-                    mx = _bf16x2_amax(mx, xv[q, it])
-            mx = cutlass.max(mx & 0xFFFF, (mx >> 16) & 0xFFFF)
-            for sh in cutlass.range_constexpr(5):
-                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=1 << sh))
-            tidx, _, _ = cute.arch.thread_idx()
-            if tidx % 32 == 0:
-                amax[tidx // 32] = mx
 
     @cute.jit
     def _norm_records(self, xsd, xv, gv, k, ngr):

@@ -6,8 +6,6 @@ x staged once per CTA as ready B words, each group's C starting at -bias * sum(x
 and every warp takes an equal contiguous run of the `units x pairs` blocks (unit = 16 outputs, its
 gate and up tiles for swiglu; pair = two groups along K), in unit-major order. So no SM waits on a
 partial last wave, however the block count divides, and x is staged once per CTA, not per unit.
-With `pairs` (ring only; a benchmark alternative, not yet measured on the GPU) warps 2j and 2j + 1
-share the run of two warps from both ends, claiming blocks one at a time (see `_run`).
 
 Weights reach the registers either through `stages` register stages per warp (LDG issued stages - 1
 blocks ahead) or (`cpa`) through a ring of `stages` shared-memory stages per warp: each lane
@@ -25,8 +23,7 @@ the sums back while zeroing them (`atom.exch`), applies the epilogue, stores y a
 counter, so `ws` is all zero again after every launch.
 
 ws layout (int32 words): counters [align_up(units, 32)], then fp32 sums [cols, Nw] (Nw = rows of
-W: M, swiglu 2 I) in room for 8 bytes a row (the "fixed" probe's words). The launcher owns and zeroes
-it once.
+W: M, swiglu 2 I). The launcher owns and zeroes it once.
 
 Rows a unit owns (each weight row is added by exactly one unit): plain / residual the rows of its
 tile below M; swiglu the gate rows 16 u .. 16 u + 15 below I and the up rows I + 16 u .. of its
@@ -82,59 +79,6 @@ def _cp_async(dst, src, nbytes: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def _fx_add(addr, a, two_s, seg, *, loc=None, ip=None) -> cutlass.Int64:
-    """The "fixed" probe's row add: v = (seg << 56) + rni(a * two_s) added to the u64 at addr (one atomic);
-    the word's value after this add (old + v)."""
-    return cutlass.Int64(_asm_se(
-        T.i64(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip), cutlass.Float32(a).ir_value(loc=loc, ip=ip),
-                  cutlass.Float32(two_s).ir_value(loc=loc, ip=ip), cutlass.Int32(seg).ir_value(loc=loc, ip=ip)],
-        "{ .reg .f32 f; .reg .s64 v, c, o; mul.rn.f32 f, $2, $3; cvt.rni.s64.f32 v, f; cvt.s64.s32 c, $4; "
-        "shl.b64 c, c, 56; add.s64 v, v, c; atom.global.add.u64 o, [$1], v; add.s64 $0, o, v; }",
-        "=l,l,f,f,r", loc, ip))
-
-
-@dsl_user_op
-def _f32_bits(v, *, loc=None, ip=None) -> cutlass.Float32:
-    """The fp32 whose bits are v."""
-    return cutlass.Float32(_asm_se(T.f32(), [cutlass.Int32(v).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=f,r",
-                                   loc, ip))
-
-
-@dsl_user_op
-def _fx_done(w, npairs, *, loc=None, ip=None) -> cutlass.Int32:
-    """1 when the fixed-point row word w holds all npairs pairs (its top byte, rounded: |sum| < 2^55)."""
-    return cutlass.Int32(_asm_se(
-        T.i32(), [cutlass.Int64(w).ir_value(loc=loc, ip=ip), cutlass.Int32(npairs).ir_value(loc=loc, ip=ip)],
-        "{ .reg .s64 t; .reg .u64 h, n; .reg .pred p; add.s64 t, $1, 36028797018963968; shr.u64 h, t, 56; "
-        "cvt.u64.u32 n, $2; setp.eq.u64 p, h, n; selp.u32 $0, 1, 0, p; }", "=r,l,r", loc, ip))
-
-
-@dsl_user_op
-def _fx_value(w, npairs, inv, *, loc=None, ip=None) -> cutlass.Float32:
-    """The fp32 sum of a complete fixed-point row word w: (w - (npairs << 56)) * inv."""
-    return cutlass.Float32(_asm_se(
-        T.f32(), [cutlass.Int64(w).ir_value(loc=loc, ip=ip), cutlass.Int32(npairs).ir_value(loc=loc, ip=ip),
-                  cutlass.Float32(inv).ir_value(loc=loc, ip=ip)],
-        "{ .reg .s64 c, t; .reg .f32 f; cvt.s64.s32 c, $2; shl.b64 c, c, 56; sub.s64 t, $1, c; "
-        "cvt.rn.f32.s64 f, t; mul.rn.f32 $0, f, $3; }", "=f,l,r,f", loc, ip))
-
-
-@dsl_user_op
-def _claim(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
-    """old = *addr; *addr += v (u32, shared memory)."""
-    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip),
-                                          cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
-                                 "atom.shared.add.u32 $0, [$1], $2;", "=r,r,r", loc, ip))
-
-
-@dsl_user_op
-def _sts(addr, v, *, loc=None, ip=None):
-    """*addr = v (u32, shared memory)."""
-    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip), cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
-            "st.shared.u32 [$0], $1;", "r,r", loc, ip)
-
-
-@dsl_user_op
 def _lds(addr, n: int, *, loc=None, ip=None):
     """n (1, 2, 4) words from shared address addr."""
     vec = "" if n == 1 else f".v{n}"
@@ -166,8 +110,7 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
-PROBES = ("", "nochain", "empty", "timeline", "nocompute", "fixed")  # benchmark only (wrong results / extra writes)
-FX_WEXP = 8  # "fixed": the weights' magnitudes assumed below 2^FX_WEXP (K below 2^15)
+PROBES = ("", "nochain", "empty", "timeline", "nocompute")  # benchmark only (wrong results / extra writes)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
 
@@ -203,26 +146,17 @@ class GemvMmaSK(GemvMma):
     entering the run, after the PDL wait, after the x staging, before the last flush and after it; the SM
     (%smid); the run's first block | its block count << 32; then the time each of the run's first TRACE
     blocks is in the ring (after its cp.async wait). "nocompute" streams the ring but neither decodes nor
-    multiplies (the loop's memory side alone). "fixed" (plain / residual) finishes each row in one round
-    trip: a 64-bit word per row (8 bytes a row after the counters) gets (pairs << 56) + the sum in fixed
-    point (scale 2^s from the CTA's largest |x|, assuming |w| < 2^FX_WEXP) by one `atom.add.u64`; the
-    adder that sees the word complete has the exact total and finishes the row (no fence, no counter, no
-    read-back; order-independent sums). Correct only under that bound."""
+    multiplies (the loop's memory side alone)."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", pairs: bool = False):
+                 probe: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
-        if probe == "fixed" and (epilogue == "swiglu" or not cpa or cols != 1):
-            raise ValueError("the fixed probe: plain / residual, the ring, T = 1")
         self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
-        if pairs and (not cpa or warps % 2):
-            raise ValueError("pairs: the ring (cpa) and an even number of warps")
-        self.pairs = pairs  # warps 2j, 2j + 1 share one run from both ends (see _run)
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
         self.ring_slots = stages * (2 if epilogue == "swiglu" else 1)  # slots of ring per warp
@@ -262,21 +196,8 @@ class GemvMmaSK(GemvMma):
         wg = bidx * self.warps + warp
         b0 = cutlass.Int32(cutlass.Int64(wg) * nblk // nwarps)
         b1 = cutlass.Int32(cutlass.Int64(wg + 1) * nblk // nwarps)
-        word = cutlass.Int32(0)
-        if cutlass.const_expr(self.pairs):  # the pair's run, and its claim word: lo | hi << 16, hi = blocks
-            b0 = cutlass.Int32(cutlass.Int64(wg // 2) * nblk // (nwarps // 2))
-            b1 = cutlass.Int32(cutlass.Int64(wg // 2 + 1) * nblk // (nwarps // 2))
-            words = smem.allocate_tensor(cutlass.Int32, cute.make_layout((max(self.warps // 2, 4),)), byte_alignment=16)
-            word = words.iterator.toint() + 4 * (warp // 2)
-            if lane == 0:
-                if warp % 2 == 0:
-                    _sts(word, (b1 - b0) << 16)
-            cute.arch.sync_threads()
 
         xsd = self.xs_smem(smem, mX, mN, eps)
-        amx = None
-        if cutlass.const_expr(self.probe == "fixed"):
-            amx = smem.allocate_tensor(cutlass.Int32, cute.make_layout((32,)), byte_alignment=16)
         ring0 = cutlass.Int32(0)
         if cutlass.const_expr(self.cpa):
             if cutlass.const_expr(ring is None):
@@ -286,55 +207,33 @@ class GemvMmaSK(GemvMma):
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
                self._out_scale(mW, n_tiles, ngr))
-        sl = (0,)
         if cutlass.const_expr(self.epilogue == "swiglu"):
-            sl = (0, 1, 2)
-        if cutlass.const_expr(self.pairs):
-            if warp % 2 == 0:
-                self._run_tiles(geo, sl, xsd, mR, mY, b0, b1, word, 1, amx)
+            if m % 16 == 0:
+                self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
             else:
-                self._run_tiles(geo, sl, xsd, mR, mY, b0, b1, word, -1, amx)
+                self._run(geo, (0, 1, 2), xsd, mR, mY, b0, b1)
         else:
-            self._run_tiles(geo, sl, xsd, mR, mY, b0, b1, word, 0, amx)
-
-    @cute.jit
-    def _run_tiles(self, geo, sl, xsd, mR, mY, b0, b1, word, step: cutlass.Constexpr, amx):
-        """_run with swiglu's third tile slot only where I is not a multiple of 16."""
-        if cutlass.const_expr(len(sl) == 3):
-            if geo[7] % 16 == 0:
-                self._run(geo, (0, 1), xsd, mR, mY, b0, b1, word, step, amx)
-            else:
-                self._run(geo, sl, xsd, mR, mY, b0, b1, word, step, amx)
-        else:
-            self._run(geo, sl, xsd, mR, mY, b0, b1, word, step, amx)
+            self._run(geo, (0,), xsd, mR, mY, b0, b1)
 
     def _tiles(self, u, m, n_tiles):
         return unit_tiles(self.epilogue, u, m, n_tiles)
 
     @cute.jit
-    def _run(self, geo, sl, xsd, mR, mY, b0, b1, word, step: cutlass.Constexpr, amx=None):
+    def _run(self, geo, sl, xsd, mR, mY, b0, b1):
         """Stream blocks b0 .. b1 - 1 (unit b // pairs, pair b % pairs) through `stages` register stages
-        (cpa: a ring of shared-memory stages, filled by cp.async); flush at every unit end and at the run's
-        end. `step` 0: all of them, in order. `step` +1 / -1 (pairs): the two warps of a pair share the run,
-        one from b0 up, the other from b1 - 1 down, each claiming its next block when it issues its load
-        (lane 0's shared atomic on `word`: +1 to lo, -1 to hi; the claim holds while lo < hi), so the pair
-        ends together whichever of them streams faster; each warp's blocks stay contiguous."""
+        (cpa: a ring of shared-memory stages, filled by cp.async); flush at every unit end and at b1."""
         w_ptr, ngr, npairs, high, scale, lane, k, m, n_tiles = geo[:9]
         S, nb = self.stages, len(sl)
         if cutlass.const_expr(self.cpa):
             S = self.ring_slots // nb
         n = b1 - b0
-        first = b0 if step >= 0 else b1 - 1  # the first block this warp streams
-        claimed = n  # blocks of the run this warp has (pairs: grows one claim at a time)
-        if cutlass.const_expr(step != 0):
-            claimed = cutlass.Int32(0)
         tl = self.probe == "timeline"
         t0 = _now() if tl else None
         at = cutlass.Int64(0)
         if cutlass.const_expr(tl):
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
-            end = (geo[11] + self.cols * geo[9] * 8 + 7) // 8 * 8
+            end = (geo[11] + self.cols * geo[9] * 4 + 7) // 8 * 8
             at = end + (bidx * self.warps + tidx // 32) * (8 * TIMELINE)
         wb = cute.make_rmem_tensor((4, 2, nb, S), cutlass.Int32)
         hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, S), cutlass.Int32)
@@ -347,20 +246,17 @@ class GemvMmaSK(GemvMma):
             hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, 1), cutlass.Int32)
             sb = cute.make_rmem_tensor((2, nb, 1), cutlass.Int32)
         bufs = (wb, hbuf, sb, sb)
-        # load cursor (unit lu, pair lp) of the block (loads issued) after `first` in this warp's direction
-        lu = first // npairs
-        lp = first - lu * npairs
-        lu, lp, claimed = self._prologue(geo, bufs, sl, lu, lp, n, S, word, step, claimed)  # the weights are static
+        # load cursor (unit lu, pair lp) of block b0 + (loads issued)
+        lu = b0 // npairs
+        lp = b0 - lu * npairs
+        lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, S)  # before the wait: the weights are static
         gv = None
         if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
             gv = self.load_norm_w(xsd, k, ngr)
         cute.arch.griddepcontrol_wait()
         t1 = _now() if tl else None
-        self._stage_x(xsd, k, ngr, gv, amx)
+        self._stage_x(xsd, k, ngr, gv)
         cute.arch.sync_threads()
-        fxs = None
-        if cutlass.const_expr(amx is not None):
-            fxs = self._fixed_scale(amx)
         t2 = _now() if tl else None
         t3 = t2
         xsr = self._xs_lane(xsd, lane)
@@ -374,132 +270,80 @@ class GemvMmaSK(GemvMma):
         kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
         acc = cute.make_rmem_tensor((4, self.slots), cutlass.Float32)
         acc.fill(0.0)
-        u = first // npairs  # compute cursor
-        p = first - u * npairs
+        u = b0 // npairs  # compute cursor
+        p = b0 - u * npairs
         seg = cutlass.Int32(0)
         held = cutlass.Int32(-1)  # a unit whose sums are in ws but whose count waits for the run's end
         held_seg = cutlass.Int32(0)
-        hv0 = cutlass.Int64(0)  # "fixed": the held unit's row words after this lane's adds (rows g, g + 8)
-        hv1 = cutlass.Int64(0)
-        end = npairs if step >= 0 else -1  # the pair index past a unit's last in this warp's direction
         for rd in cutlass.range((n + S - 1) // S, unroll=1):
-            if cutlass.const_expr(step == 0) or rd * S < claimed:  # (pairs: rounds past the last block)
-                for s in cutlass.range_constexpr(S):
-                    i = rd * S + s
-                    if i + S - 1 < n:
-                        if self._take_block(word, step, lane, n, claimed, i + S - 1) != 0:
-                            if cutlass.const_expr(step != 0):
-                                claimed = claimed + 1
-                            if cutlass.const_expr(self.cpa):
-                                self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)
-                            else:
-                                self._load(geo, bufs, sl, lu, lp, (s + S - 1) % S)
+            for s in cutlass.range_constexpr(S):
+                i = rd * S + s
+                if i + S - 1 < n:
                     if cutlass.const_expr(self.cpa):
-                        cute.arch.cp_async_commit_group()
-                        cute.arch.cp_async_wait_group(S - 1)
-                    if cutlass.const_expr(tl):
-                        if i < TRACE and i < claimed and lane == 0:
-                            _st_u64(at + 8 * (7 + i), _now())
-                    lu, lp = self._advance(lu, lp, npairs, step)
-                    if i < claimed:
-                        if cutlass.const_expr(self.probe == "nocompute"):
-                            pass
-                        elif cutlass.const_expr(self.cpa):
-                            self._ring_to_regs(geo, bufs, nb, s)
-                            self._compute(ops, kb, bufs, acc, sl, 0, p, xsr)
-                        else:
-                            self._compute(ops, kb, bufs, acc, sl, s, p, xsr)
-                        seg = seg + 1
-                        p = p + (1 if step >= 0 else -1)
-                        # claimed is final here: block i + 1's claim went out S - 1 >= 1 iterations ago
-                        if p == end or i == claimed - 1:
-                            if cutlass.const_expr(tl):
-                                if i == claimed - 1:
-                                    t3 = _now()
-                            if cutlass.const_expr(fxs is not None):
-                                v0, v1 = self._fixed_add(geo, acc, u, seg, fxs)
-                                if held >= 0:  # its words came back while this segment streamed
-                                    self._fixed_finish(geo, held, hv0, hv1, fxs, mR, mY)
-                                held = u
-                                hv0 = v0
-                                hv1 = v1
-                                if i == claimed - 1:
-                                    self._fixed_finish(geo, u, v0, v1, fxs, mR, mY)
-                            else:
-                                self._sums(geo, sl, acc, u, mY)
-                                if i == claimed - 1:
-                                    self._arrive(geo, sl, held, held_seg, u, seg, mR, mY)
-                                else:  # a unit ends inside the run: no round trip now, its count goes with the last
-                                    if held >= 0:  # (a third segment: the held one arrives alone)
-                                        self._arrive(geo, sl, held, held_seg, held, 0, mR, mY)
-                                    held = u
-                                    held_seg = seg
-                            acc.fill(0.0)
-                            seg = cutlass.Int32(0)
-                            if p == end:
-                                p = cutlass.Int32(0) if step >= 0 else npairs - 1
-                                u = u + (1 if step >= 0 else -1)
+                        self._load_cpa(geo, sl, lu, lp, (s + S - 1) % S)
+                    else:
+                        self._load(geo, bufs, sl, lu, lp, (s + S - 1) % S)
+                if cutlass.const_expr(self.cpa):
+                    cute.arch.cp_async_commit_group()
+                    cute.arch.cp_async_wait_group(S - 1)
+                if cutlass.const_expr(tl):
+                    if i < TRACE and i < n and lane == 0:
+                        _st_u64(at + 8 * (7 + i), _now())
+                lp = lp + 1
+                if lp == npairs:
+                    lp = cutlass.Int32(0)
+                    lu = lu + 1
+                if i < n:
+                    if cutlass.const_expr(self.probe == "nocompute"):
+                        pass
+                    elif cutlass.const_expr(self.cpa):
+                        self._ring_to_regs(geo, bufs, nb, s)
+                        self._compute(ops, kb, bufs, acc, sl, 0, p, xsr)
+                    else:
+                        self._compute(ops, kb, bufs, acc, sl, s, p, xsr)
+                    seg = seg + 1
+                    p = p + 1
+                    if p == npairs or i == n - 1:
+                        if cutlass.const_expr(tl):
+                            if i == n - 1:
+                                t3 = _now()
+                        self._sums(geo, sl, acc, u, mY)
+                        if i == n - 1:
+                            self._arrive(geo, sl, held, held_seg, u, seg, mR, mY)
+                        else:  # a unit ends inside the run: no round trip now, its count goes with the last
+                            if held >= 0:  # (a third segment: the held one arrives alone)
+                                self._arrive(geo, sl, held, held_seg, held, 0, mR, mY)
+                            held = u
+                            held_seg = seg
+                        acc.fill(0.0)
+                        seg = cutlass.Int32(0)
+                        if p == npairs:
+                            p = cutlass.Int32(0)
+                            u = u + 1
         if cutlass.const_expr(tl):
             t4 = _now()
             if lane == 0:
-                info = (cutlass.Int64(_smid()), cutlass.Int64(first) + (cutlass.Int64(claimed) << 32))
+                info = (cutlass.Int64(_smid()), cutlass.Int64(b0) + (cutlass.Int64(n) << 32))
                 for e, t in enumerate((t0, t1, t2, t3, t4) + info):
                     _st_u64(at + 8 * e, t)
 
     @cute.jit
-    def _prologue(self, geo, bufs, sl, lu, lp, n, S, word, step: cutlass.Constexpr, claimed):
-        """Issue the run's first S - 1 blocks into stages 0 .. S - 2; the load cursor after them, and the
-        blocks claimed (pairs)."""
+    def _prologue(self, geo, bufs, sl, lu, lp, n, S):
+        """Issue the run's first S - 1 blocks into stages 0 .. S - 2; the load cursor after them."""
         npairs = geo[2]
         for st in cutlass.range_constexpr(S - 1):
             if st < n:
-                if self._take_block(word, step, geo[5], n, claimed, st) != 0:
-                    if cutlass.const_expr(step != 0):
-                        claimed = claimed + 1
-                    if cutlass.const_expr(self.cpa):
-                        self._load_cpa(geo, sl, lu, lp, st)
-                    else:
-                        self._load(geo, bufs, sl, lu, lp, st)
+                if cutlass.const_expr(self.cpa):
+                    self._load_cpa(geo, sl, lu, lp, st)
+                else:
+                    self._load(geo, bufs, sl, lu, lp, st)
             if cutlass.const_expr(self.cpa):
                 cute.arch.cp_async_commit_group()
-            lu, lp = self._advance(lu, lp, npairs, step)
-        return lu, lp, claimed
-
-    @cute.jit
-    def _advance(self, u, p, npairs, step: cutlass.Constexpr):
-        """(unit, pair) of the next block in the direction of `step` (0: forward)."""
-        if cutlass.const_expr(step >= 0):
-            p = p + 1
-            if p == npairs:
-                p = cutlass.Int32(0)
-                u = u + 1
-        else:
-            p = p - 1
-            if p < 0:
-                p = npairs - 1
-                u = u - 1
-        return u, p
-
-    @cute.jit
-    def _take_block(self, word, step: cutlass.Constexpr, lane, n, claimed, j):
-        """True / 1 when block j (in this warp's order) is this warp's. Without pairs every block of the run is. With
-        pairs, only while all of j's predecessors were (claimed == j): lane 0 moves its end of `word` by one,
-        and the claim holds when the old lo < hi <= n (lo, hi only approach each other, so a warp's blocks are
-        a prefix of its order and the two prefixes cover the run exactly once)."""
-        ok = True  # (a Python constant without pairs: no branch at all)
-        if cutlass.const_expr(step != 0):
-            ok = cutlass.Int32(0)
-            if claimed == j:
-                old = cutlass.Int32(0)
-                if lane == 0:
-                    old = _claim(word, 1 if step > 0 else -(1 << 16))
-                old = cute.arch.shuffle_sync(old, offset=0)
-                lo = old & 0xFFFF
-                hi = (old >> 16) & 0xFFFF
-                if lo < hi:
-                    if hi <= n:
-                        ok = cutlass.Int32(1)
-        return ok
+            lp = lp + 1
+            if lp == npairs:
+                lp = cutlass.Int32(0)
+                lu = lu + 1
+        return lu, lp
 
     def _ring_addr(self, geo, nb, st, b):
         """Shared address of slot b of ring stage st of this warp (lane offsets added by the callers)."""
@@ -560,49 +404,6 @@ class GemvMmaSK(GemvMma):
         """Issue the weight loads of pair p of unit u's tile slots sl into register stage st."""
         w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
         self._load_tiles(w_ptr, self._tiles(u, m, n_tiles), ngr, high, scale, lane, bufs, sl, p, st)
-
-    @cute.jit
-    def _fixed_scale(self, amx):
-        """("fixed") (2^s, 2^-s) with s = 39 - FX_WEXP - E, |x| < 2^E over the CTA (every CTA stages the
-        same x: the same s), clamped to +-100: row sums stay below 2^55 in fixed point."""
-        mx = cutlass.Int32(0)
-        for w in cutlass.range_constexpr(self.warps):
-            mx = cutlass.max(mx, amx[w])
-        sc = cutlass.min(cutlass.max(39 - FX_WEXP - (((mx >> 7) & 0xFF) - 126), -100), 100)
-        return _f32_bits((sc + 127) << 23), _f32_bits((127 - sc) << 23)
-
-    @cute.jit
-    def _fixed_add(self, geo, acc, u, seg, fxs):
-        """("fixed") Lanes t = 0 add rows g, g + 8 of unit u (seg pairs) into their words; the words after
-        the adds (0 where the row is past M or the lane holds none)."""
-        lane, m, n_tiles, part = geo[5], geo[7], geo[8], geo[11]
-        g, t = lane // 4, lane % 4
-        v0 = cutlass.Int64(0)
-        v1 = cutlass.Int64(0)
-        if t == 0:
-            row = 16 * self._tiles(u, m, n_tiles)[0] + g
-            if row < m:
-                v0 = _fx_add(part + cutlass.Int64(row) * 8, acc[0, 0], fxs[0], seg)
-            if row + 8 < m:
-                v1 = _fx_add(part + cutlass.Int64(row + 8) * 8, acc[2, 0], fxs[0], seg)
-        return v0, v1
-
-    @cute.jit
-    def _fixed_finish(self, geo, u, v0, v1, fxs, mR, mY):
-        """("fixed") Rows g, g + 8 of unit u whose word this lane completed: epilogue, y, the word zeroed."""
-        npairs, lane, m, n_tiles, part = geo[2], geo[5], geo[7], geo[8], geo[11]
-        g, t = lane // 4, lane % 4
-        if t == 0:
-            for h in cutlass.range_constexpr(2):
-                row = 16 * self._tiles(u, m, n_tiles)[0] + g + 8 * h
-                v = v0 if h == 0 else v1
-                if row < m:
-                    if _fx_done(v, npairs) != 0:
-                        a = self._unscale(_fx_value(v, npairs, fxs[1]), geo[13])
-                        if cutlass.const_expr(self.epilogue == "residual"):
-                            a = a + mR[0, row].to(cutlass.Float32)
-                        mY[0, row] = a.to(cutlass.BFloat16)
-                        _st_u64(part + cutlass.Int64(row) * 8, cutlass.Int64(0))
 
     @cute.jit
     def _sums(self, geo, sl, acc, u, mY):

@@ -335,9 +335,6 @@ def test_stream_k_variants():
     assert [a.name for a in v.args if a is not None] == ["w", "x", "y", "ws"]
     assert v.config["cpa"] and v.config["stages"] == mv.SK_STAGES[("q4", True)]
     assert mv.make_sk_variant("Q6G64_F16S", "plain", stages=2, ctas=2, warps=8).name == "gemv_mma_q6_t1_sk_p2_c2_w8"
-    pairs = mv.make_sk_variant("Q5G64_F16S", "residual", pairs=True)
-    assert pairs.name == "gemv_mma_q5_t1_res_sk_pairs" and pairs.config["pairs"] and "pairs" not in v.config
-    assert pairs.name in {a.name for a in mv.sk_variants("Q5G64_F16S", "residual")}
     regs = mv.make_sk_variant("Q6G64_F16S", "plain", cpa=False)
     assert regs.name == "gemv_mma_q6_t1_sk_regs_p3_c1_w16" and not regs.config["cpa"]
     assert mv.ring_fits("Q6G64_F16S", "swiglu", 3, 16) and not mv.ring_fits("Q6G64_F16S", "swiglu", 4, 16)
@@ -346,9 +343,9 @@ def test_stream_k_variants():
     assert not mv.sk_wins(620800, "plain")  # the output head
     with pytest.raises(LaunchError, match="Q4-Q6 at T = 1"):
         mv.make_sk_variant("W8G32_F16S", "plain")
-    # counters for 2 units padded to 32 words, then fp32 sums [cols, rows of W] in 8 bytes a row
-    assert mv.sk_workspace_bytes(17, 34, 1) == 4 * 32 + 8 * 34
-    assert mv.sk_workspace_bytes(5120, 5120, 1) == 4 * 320 + 8 * 5120
+    # counters for 2 units padded to 32 words, then fp32 sums [cols, rows of W]
+    assert mv.sk_workspace_bytes(17, 34, 1) == 4 * (32 + 34)
+    assert mv.sk_workspace_bytes(5120, 5120, 1) == 4 * (320 + 5120)
     kern = mv.GemvMmaSK(_Loaded(v))
     from inferno.cuda.memory import DeviceBuffer
 
@@ -376,16 +373,15 @@ def _cuobjdump() -> str | None:
 
 def test_probe_variants(tmp_path):
     """The benchmark's stream-K probes build; in their SASS (where cuobjdump is installed) `nochain` keeps
-    the row sums' reds but no unit-counter atomics, `empty` and `nocompute` have no mma at all, `fixed` has
-    64-bit atomics and no fence; the member is untouched."""
+    the row sums' reds but no unit-counter atomics, `empty` and `nocompute` have no mma at all; the member
+    is untouched."""
     import subprocess
 
     from inferno.kernels.build import build_variant
 
     probes = mv.probe_variants("Q5G64_F16S", "residual")
     assert [v.name for v in probes] == [f"gemv_mma_q5_t1_res_sk_probe_{p}"
-                                        for p in ("nochain", "empty", "nocompute", "timeline", "fixed")]
-    assert "fixed" not in {v.config.get("probe") for v in mv.probe_variants("Q5G64_F16S", "swiglu")}
+                                        for p in ("nochain", "empty", "nocompute", "timeline")]
     assert all(v.name not in {m.name for m in mv.GEMV_MMA_VARIANTS} for v in probes)  # never the executor's
     member = mv.make_sk_variant("Q5G64_F16S", "residual")
     assert "probe" not in member.config
@@ -404,9 +400,6 @@ def test_probe_variants(tmp_path):
     assert "HMMA" not in sass["empty"] and "RED" not in sass["empty"]
     assert "HMMA" not in sass["nocompute"] and "LDGSTS" in sass["nocompute"] and "RED" in sass["nocompute"]
     assert "GLOBALTIMER" in sass["timeline"] and "GLOBALTIMER" not in sass[""]
-    # fixed: one 64-bit atomic add per row, no fence, no fp32 reds, no exchange
-    assert "ATOMG.E.ADD.64" in sass["fixed"] and "MEMBAR" not in sass["fixed"] and "RED" not in sass["fixed"]
-    assert "MEMBAR" in sass[""] and "EXCH" in sass[""]
 
 
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),

@@ -200,7 +200,7 @@ def main() -> None:
                     help="per-warp timeline of the 27B stream-K shapes (the `timeline` probe; build with --probe)")
     ap.add_argument("--sk", action="append", default=[], metavar="KEY=VALUE",
                     help="--probe / --timeline: the probes of the stream-K member with this ring option "
-                         "(stages=N, ctas=N, warps=N, pairs=1)")
+                         "(stages=N, ctas=N, warps=N)")
     a = ap.parse_args()
     a.ring = ring_options(a.sk)
     if a.timeline:
@@ -304,13 +304,13 @@ def probe_cases(ring: dict) -> list:
 
 
 def ring_options(pairs: list[str]) -> dict:
-    """`--sk KEY=VALUE` pairs as make_sk_variant's ring options (stages=N, ctas=N, warps=N, pairs=0|1)."""
+    """`--sk KEY=VALUE` pairs as make_sk_variant's ring options (stages=N, ctas=N, warps=N)."""
     out = {}
     for kv in pairs:
         key, sep, val = kv.partition("=")
-        if not sep or key not in ("stages", "ctas", "warps", "pairs") or not val.isdigit():
-            raise SystemExit(f"--sk takes stages=N, ctas=N, warps=N or pairs=0|1; not {kv!r}")
-        out[key] = bool(int(val)) if key == "pairs" else int(val)
+        if not sep or key not in ("stages", "ctas", "warps") or not val.isdigit():
+            raise SystemExit(f"--sk takes stages=N, ctas=N or warps=N; not {kv!r}")
+        out[key] = int(val)
     return out
 
 
@@ -411,17 +411,15 @@ def print_probe_table(rows: list, ring: dict) -> None:
         if base in members:
             by[(r["shape"], probe)] = r
     print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us | "
-          "no compute us | fixed-point rows us |")
-    print("|---|---|---|---|---|---|---|")
+          "no compute us |")
+    print("|---|---|---|---|---|---|")
     for shape in dict.fromkeys(r["shape"] for r in rows):
-        full, chain, empty, nocomp, fixed = (by.get((shape, p))
-                                             for p in ("", "nochain", "empty", "nocompute", "fixed"))
+        full, chain, empty, nocomp = (by.get((shape, p)) for p in ("", "nochain", "empty", "nocompute"))
         if not (full and chain and empty):
             continue
         rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
         print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
-              f"{empty['us']:.1f} | {rest:.1f} | {nocomp['us'] if nocomp else float('nan'):.1f} | "
-              f"{fixed['us'] if fixed else float('nan'):.1f} |")
+              f"{empty['us']:.1f} | {rest:.1f} | {nocomp['us'] if nocomp else float('nan'):.1f} |")
 
 
 def mma_cases(tune: bool) -> list:

@@ -165,7 +165,6 @@ def alternatives(fmt: str, epilogue: str, cols: int) -> list[Variant]:
 SK_STAGES = {("q4", False): 3, ("q5", False): 3, ("q6", False): 3, ("q4", True): 2, ("q5", True): 2, ("q6", True): 2}
 REG_SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", True): 3, ("q5", True): 2,
                  ("q6", True): 2}
-SK_PAIRS = False  # warps 2j, 2j + 1 share one run from both ends (cute_kernels/gemv_mma_sk.py `_run`)
 SK_CTAS, SK_WARPS = 1, 16  # the stream-K grid: CTAs per SM, warps per CTA
 SK_MIN_BLOCKS = 4  # blocks per warp at least (small problems use fewer CTAs)
 COUNTER_ALIGN = 32  # cute_kernels/gemv_mma_sk.py: counters padded before the fp32 sums
@@ -174,11 +173,9 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
-                    pairs: bool = SK_PAIRS) -> Variant:
+                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "") -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
-    SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`,
-    the other run split `_pairs` / `_singles`;
+    SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
     `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py)."""
     _, bits, group = FORMATS[fmt]
     if bits == 8 or cols != 1:
@@ -191,8 +188,6 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
-    if cpa and pairs != SK_PAIRS:
-        name += "_pairs" if pairs else "_singles"
     if probe:
         name += f"_probe_{probe}"
     w, x, r, y = gemv_tensors(epilogue)
@@ -201,7 +196,6 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"pairs": True} if cpa and pairs else {}),
                     **({"probe": probe} if probe else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws, *norm_tensors(norm)), grid=(f"SMS * {ctas}", "1", "1"),
@@ -231,7 +225,6 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
             if s >= 2 and ring_fits(fmt, epilogue, s, SK_WARPS)]
     if ring_fits(fmt, epilogue, d, 8):
         ring.append(make_sk_variant(fmt, epilogue, ctas=2, warps=8))
-    ring.append(make_sk_variant(fmt, epilogue, pairs=not SK_PAIRS))
     regs = ([make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=w, cpa=False) for c, w in ((1, 16), (2, 8))]
             + [make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=4, cpa=False) for c in (2, 3, 4)])
     return ring + regs
@@ -240,17 +233,14 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
 def probe_variants(fmt: str, epilogue: str, **ring) -> list[Variant]:
     """The stream-K member (the default, or `ring`: make_sk_variant's ring options) with its flush chain
     skipped, with no stream at all, streaming without computing (timing probes for `tools/bench_gemv.py
-    --probe`; their outputs are wrong), with per-warp %globaltimer stamps (`--timeline`), and (plain,
-    residual) finishing rows through one fixed-point atomic each (`fixed`: right for |w| < 2^8)."""
-    probes = ("nochain", "empty", "nocompute", "timeline") + (("fixed",) if epilogue != "swiglu" else ())
-    return [make_sk_variant(fmt, epilogue, probe=p, **ring) for p in probes]
+    --probe`; their outputs are wrong), and with per-warp %globaltimer stamps (`--timeline`)."""
+    return [make_sk_variant(fmt, epilogue, probe=p, **ring) for p in ("nochain", "empty", "nocompute", "timeline")]
 
 
 def sk_workspace_bytes(m: int, n_w: int, cols: int) -> int:
-    """Bytes of the stream-K workspace: unit counters, then fp32 sums [cols, n_w] in room for 8 bytes a
-    row (the `fixed` probe's 64-bit row words)."""
+    """Bytes of the stream-K workspace: unit counters, then fp32 sums [cols, n_w]."""
     units = -(-m // 16)
-    return 4 * -(-units // COUNTER_ALIGN) * COUNTER_ALIGN + 8 * cols * n_w
+    return 4 * (-(-units // COUNTER_ALIGN) * COUNTER_ALIGN + cols * n_w)
 
 
 def xs_variants(fmt: str, epilogue: str, cols: int) -> list[Variant]:

@@ -208,42 +208,6 @@ def test_sk_workspace_cleans_itself(device, rng, epi):
                 b.free()
 
 
-@pytest.mark.parametrize("epi", ["plain", "residual"])
-@pytest.mark.parametrize("shape", [RAGGED, GDN_OUT])
-def test_fixed_probe(device, rng, epi, shape):
-    """The `fixed` probe (rows finished by one 64-bit fixed-point atomic each; right for |w| < 2^8, as
-    these weights are) matches numpy, leaves its workspace clean and repeats bit for bit. Build it with
-    `python tools/bench_gemv.py --build DIR --probe`."""
-    fmt, (n, k) = "Q5G64_F16S", shape
-    v = mv.make_sk_variant(fmt, epi, probe="fixed")
-    if stale_reason(v, device.arch) is not None and importlib.util.find_spec("cutlass") is None:
-        pytest.skip(f"{v.name} not built here: python tools/bench_gemv.py --build $INFERNO_KERNEL_DIR --probe")
-    kern = mv.GemvMmaSK(load(v, device))
-    pay, dw = weights(fmt, n, k, rng)
-    dx, dy = device_alloc(2 * k, "x"), device_alloc(2 * n, "y")
-    dr = device_alloc(2 * n, "r") if epi == "residual" else None
-    try:
-        x = rng.standard_normal((1, k), np.float32).astype(bf16)
-        r = rng.standard_normal((1, n), np.float32).astype(bf16)
-        h2d(dx, x)
-        if dr is not None:
-            h2d(dr, r)
-        ys = []
-        for _ in range(3):
-            memset_d8(dy, 0xFF)
-            kern(dw, dx, dy, n, k, 1, r=dr)
-            ys.append(from_device(dy, bf16, (1, n)).astype(np.float32))
-        want = ql.reference(fmt, pay, n, k, x.astype(np.float32), epi,
-                            r.astype(np.float32) if dr is not None else None, np.arange(n))
-        assert rel_error(ys[0], want.astype(np.float32)) <= BF16_TOL
-        assert all(np.array_equal(ys[0], y) for y in ys[1:])  # order-independent sums
-    finally:
-        kern.free()
-        for b in (dx, dy, dr):
-            if b is not None:
-                b.free()
-
-
 def test_launcher_refuses_bad_arguments(device):
     k = mv.GemvMma.load("gemv_mma_q4_t1", device)
     w, x, y = device_alloc(1 << 20, "w"), device_alloc(1 << 16, "x"), device_alloc(1 << 16, "y")
