@@ -616,8 +616,8 @@ class GdnConvStep:
             else:
                 if warp == nw:
                     self._window_taps(mConvState, slot, qk_chunk, rTqk)
-                else:  # the proj warps: this head's a and b, all before the PDL wait (see GdnAbConvStep)
-                    self._project(ab, sProj, head, seq, warp - nw - 1, lane)
+                else:  # the proj warps: W_ab's rows of this head (and in_norm) into shared memory
+                    self._proj_weights(ab, sProj, head, warp - nw - 1, lane)
         if cutlass.const_expr(ns > 1):
             cute.arch.cluster_wait()
         # PDL: the slot, this layer's states and conv window were written before the previous kernel
@@ -737,8 +737,10 @@ class GdnConvStep:
             if cutlass.const_expr(self.proj_warps == 0):
                 self._window(mConvState, mSync, slot, seq, hk, kh, hv, qk_chunk, gXqk, rXqk, rTqk, lane)
             else:
-                if warp == nw:  # (the proj warps are done)
+                if warp == nw:
                     self._window(mConvState, mSync, slot, seq, hk, kh, hv, qk_chunk, gXqk, rXqk, rTqk, lane)
+                else:  # the proj warps: this head's a and b
+                    self._project(ab, sProj, seq, warp - nw - 1, lane)
 
     @cute.jit
     def _window_taps(self, mConvState, slot, qk_chunk, rTqk):
@@ -769,48 +771,58 @@ class GdnConvStep:
             cute.arch.cluster_wait()
 
     def proj_smem(self) -> int:
-        """Bytes of W_ab's two rows, in_norm and h in shared memory (room for the widest h)."""
-        return 4 * 2 * 256 * self.proj_warps * self.proj_chunks
+        """Bytes of W_ab's two rows and in_norm in shared memory (room for the widest h)."""
+        return 3 * 2 * 256 * self.proj_warps * self.proj_chunks
 
     @cute.jit
-    def _project(self, ab, sProj, head, seq, pw, lane):
-        """(proj warp pw) cp.async (L2 only) of its chunks of W_ab's rows a = head, b = Hv + head, in_norm (when
-        in_norm_on) and h's row seq into sProj[1]'s four rows (8 bf16 a chunk, chunks (32 pw + lane) +
-        32 proj_warps u, u < proj_chunks; a lane reads back only what it copied); its partial sums of h^2,
-        h (1 + in_norm) W_a and h (1 + in_norm) W_b into sProj[0][3 pw ..]; arrives at barrier 3 (the compute
-        warps wait there)."""
+    def _proj_weights(self, ab, sProj, head, pw, lane):
+        """(proj warp pw, before the PDL wait) cp.async of its chunks of W_ab's rows a = head, b = Hv + head
+        and of in_norm (when in_norm_on) into sProj's three rows: 8 bf16 a chunk, chunks (32 pw + lane) +
+        32 proj_warps u, u < proj_chunks."""
         mH, mWab, mInNorm, _, on = ab
         n8 = cute.size(mH, mode=[1]) // VEC
         hv = cute.size(mWab, mode=[0]) // 2
-        nc, npw = self.proj_chunks, self.proj_warps
-        dmax = 256 * npw * nc
-        sW = sProj[1]
-        s0 = sW.iterator.toint()
-        for u in cutlass.range_constexpr(nc):
-            c = 32 * pw + lane + 32 * npw * u
+        dmax = 256 * self.proj_warps * self.proj_chunks
+        s0 = sProj[1].iterator.toint()
+        for u in cutlass.range_constexpr(self.proj_chunks):
+            c = 32 * pw + lane + 32 * self.proj_warps * u
             if c < n8:
                 _cp_async16(s0 + 16 * c, cute.zipped_divide(mWab[head, None], (VEC,))[None, c].iterator.toint())
                 _cp_async16(s0 + 2 * dmax + 16 * c,
                             cute.zipped_divide(mWab[hv + head, None], (VEC,))[None, c].iterator.toint())
-                _cp_async16(s0 + 6 * dmax + 16 * c, cute.zipped_divide(mH[seq, None], (VEC,))[None, c].iterator.toint())
                 if on != 0:
                     _cp_async16(s0 + 4 * dmax + 16 * c, cute.zipped_divide(mInNorm, (VEC,))[None, c].iterator.toint())
         cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def _project(self, ab, sProj, seq, pw, lane):
+        """(proj warp pw, after the PDL wait) Its chunks of h's row seq (registers), its copies waited for,
+        its partial sums of h^2, h (1 + in_norm) W_a and h (1 + in_norm) W_b into sProj[0][3 pw ..]; arrives at
+        barrier 3 (the compute warps wait there). A lane reads only the chunks it copied itself."""
+        mH, on = ab[0], ab[4]
+        n8 = cute.size(mH, mode=[1]) // VEC
+        nc, npw = self.proj_chunks, self.proj_warps
+        dmax = 256 * npw * nc
+        sW = sProj[1]
+        rH = cute.make_rmem_tensor((VEC, nc), cutlass.BFloat16)
+        for u in cutlass.range_constexpr(nc):
+            c = 32 * pw + lane + 32 * npw * u
+            if c < n8:
+                cute.autovec_copy(cute.zipped_divide(mH[seq, None], (VEC,))[None, c], rH[None, u])
         cute.arch.cp_async_wait_group(0)
         ss = cutlass.Float32(0.0)
         sa = cutlass.Float32(0.0)
         sb = cutlass.Float32(0.0)
-        rW = cute.make_rmem_tensor((VEC, 4), cutlass.BFloat16)
+        rW = cute.make_rmem_tensor((VEC, 3), cutlass.BFloat16)
         for u in cutlass.range_constexpr(nc):
             c = 32 * pw + lane + 32 * npw * u
             if c < n8:
                 rW.fill(0.0)
-                for r in cutlass.range_constexpr(4):
-                    if cutlass.const_expr(r != 2):
-                        cute.autovec_copy(cute.zipped_divide(sW, (VEC,))[None, (r * dmax) // VEC + c], rW[None, r])
+                for r in cutlass.range_constexpr(2):
+                    cute.autovec_copy(cute.zipped_divide(sW, (VEC,))[None, (r * dmax) // VEC + c], rW[None, r])
                 if on != 0:
                     cute.autovec_copy(cute.zipped_divide(sW, (VEC,))[None, (2 * dmax) // VEC + c], rW[None, 2])
-                h = rW[None, 3].load().to(cutlass.Float32)
+                h = rH[None, u].load().to(cutlass.Float32)
                 hg = h * (rW[None, 2].load().to(cutlass.Float32) + 1.0)
                 ss = ss + (h * h).reduce(cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0)
                 sa = sa + (hg * rW[None, 0].load().to(cutlass.Float32)).reduce(
@@ -855,14 +867,11 @@ class GdnAbConvStep(GdnConvStep):
         a = bf16(W_ab[j] . h'),  b = bf16(W_ab[Hv + j] . h'),
         h' = h[b] * rsqrt(mean(h[b]^2) + in_eps) * (1 + in_norm) when in_norm_on, else h[b],
 
-    in fp32 (h' is not rounded to bf16 first: the rmsnorm scale multiplies the sums). The proj warps do
-    all of it before the PDL wait, h included: h is the input of the GEMV launched just before this kernel
-    (the input projection), and every kernel of ours triggers its dependents only after its own
-    griddepcontrol.wait, so this kernel starts only once h's writer (two launches back) has completed;
-    h is read through L2 (cp.async.cg), never a stale L1 line. The compute warps take the sums at a named
-    barrier just before the gates. h: [B, D] bf16, D a multiple of 8 and at most 256 proj_warps
-    proj_chunks; w_ab: [2 Hv, D] bf16; in_norm: [D] bf16 (not read when in_norm_on is 0). This removes the
-    a|b GEMV launch (a side branch of the decode graph) and its join."""
+    in fp32 (h' is not rounded to bf16 first: the rmsnorm scale multiplies the sums). W_ab's rows and
+    in_norm are loaded before the PDL wait, h after it; the compute warps take the sums at a named barrier
+    just before the gates. h: [B, D] bf16, D a multiple of 8 and at most 256 proj_warps proj_chunks;
+    w_ab: [2 Hv, D] bf16; in_norm: [D] bf16 (not read when in_norm_on is 0). This removes the a|b GEMV
+    launch (a side branch of the decode graph) and its join."""
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mConvState: cute.Tensor, mConvW: cute.Tensor, mZ: cute.Tensor,

@@ -61,7 +61,7 @@ def test_step_profile_times_every_launch(artifact, ex):
             f"a {config.hidden}-wide rmsnorm timed at {norm.seconds / norm.launches * 1e6:.1f} us: host launch "
             f"gaps are being timed (the stream hold did not work)\n{table(times)}")
         names = {t.kernel for t in times}
-        assert "gdn_ab_conv_step" in names and "attention" in names, table(times)  # a|b projected inside
+        assert "gemv_bf16_t1_n gdn/a_b_projection" in names and "attention" in names, table(times)
         emb = 2 * config.hidden - acct.weight_bytes["embedding_row"]  # the GPU's table is bf16
         # merged input projections hold their narrower half at the wider width (the accounting: the artifact's)
         inv = {e.name: e for e in expected}
@@ -142,7 +142,7 @@ def test_nvfp4_identity_kernel_table(artifact):
             e.release(s)
     print("\n" + table(times) + "\n" + table(chunk))
     names = {t.kernel.split()[0] for t in times}
-    # NVFP4 matrices on the tensor-core GEMV (tile16-nvfp4-v1), the bf16 a|b projection inside the GDN kernel
-    assert all(any(n.startswith(f) for n in names) for f in ("gemv_mma_nvfp4_t1", "gdn_ab_conv_step")), table(times)
+    # NVFP4 matrices on the tensor-core GEMV (tile16-nvfp4-v1), the a|b projection on the bf16 one
+    assert all(any(n.startswith(f) for n in names) for f in ("gemv_mma_nvfp4_t1", "gemv_bf16_t1")), table(times)
     assert all(t.seconds > 0 and t.bytes for t in times if t.kernel.startswith("gemv_")), table(times)
     assert any(t.kernel.startswith("dequant NVFP4") for t in chunk), table(chunk)
