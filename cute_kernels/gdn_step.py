@@ -219,14 +219,6 @@ def _atom_inc_release(addr, last, *, loc=None, ip=None):
         asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
-@dsl_user_op
-def _cp_async16(dst, src, *, loc=None, ip=None):
-    """cp.async.cg of 16 bytes from global address src to shared address dst."""
-    llvm.inline_asm(None, [cutlass.Int32(dst).ir_value(loc=loc, ip=ip), cutlass.Int64(src).ir_value(loc=loc, ip=ip)],
-                    "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
 class GdnConvStepRows:
     """Causal conv1d + SiLU of the head's q/k/v channels, conv-window shift, then the GdnStep math
     (the first fused version, variant gdn_conv_step_v1: dk rows split over the warps).
@@ -498,24 +490,19 @@ class GdnConvStep:
     arrive before the state stores, wait after them); every CTA sums the partials in the same order.
     """
 
-    def __init__(self, splits: int = 4, threads: int = 160, head_k: int = 128, head_v: int = 128, width: int = 4,
-                 proj_warps: int = 0, proj_chunks: int = 5):
+    def __init__(self, splits: int = 4, threads: int = 160, head_k: int = 128, head_v: int = 128, width: int = 4):
         if head_k != 128 or head_v != 128:
             raise ValueError("head_k and head_v must be 128")
         if splits not in (1, 2, 4, 8):
             raise ValueError("splits must be 1, 2, 4 or 8 (a portable cluster)")
         if width != 4:
             raise ValueError("conv width must be 4")
-        if proj_warps and splits != 1:
-            raise ValueError("proj_warps (a and b projected in the kernel) needs splits = 1")
-        warps = threads // 32 - 1 - proj_warps
+        warps = threads // 32 - 1
         cols = head_v // splits
         if threads % 32 or warps < 1 or cols % warps or cols // warps not in (8, 16):
-            raise ValueError("threads must be 32 * (warps + 1 + proj_warps) with dv / splits / warps = 8 or 16 "
-                             "columns per warp")
+            raise ValueError("threads must be 32 * (warps + 1) with dv / splits / warps = 8 or 16 columns per warp")
         self.splits, self.threads, self.dk, self.dv, self.width = splits, threads, head_k, head_v, width
-        self.warps = warps  # compute warps; warp `warps` is the window warp, the proj warps after it
-        self.proj_warps, self.proj_chunks = proj_warps, proj_chunks
+        self.warps = warps  # compute warps; warp `warps` is the window warp
         self.cols = cols  # columns per CTA
         self.cpw = cols // warps // COLS  # 4-column chunks per warp (2 or 4)
         self.lpc = 32 // self.cpw  # lanes per chunk = row groups (16 or 8)
@@ -556,14 +543,6 @@ class GdnConvStep:
                mA: cute.Tensor, mB: cute.Tensor, mALog: cute.Tensor, mDtBias: cute.Tensor, mNormW: cute.Tensor,
                mState: cute.Tensor, mSlots: cute.Tensor, mSync: cute.Tensor, mOut: cute.Tensor,
                eps: cutlass.Float32):
-        self.body(mX, mConvState, mConvW, mZ, (mA, mB), mALog, mDtBias, mNormW, mState, mSlots, mSync, mOut, eps)
-
-    @cute.jit
-    def body(self, mX: cute.Tensor, mConvState: cute.Tensor, mConvW: cute.Tensor, mZ: cute.Tensor, ab,
-             mALog: cute.Tensor, mDtBias: cute.Tensor, mNormW: cute.Tensor, mState: cute.Tensor,
-             mSlots: cute.Tensor, mSync: cute.Tensor, mOut: cute.Tensor, eps: cutlass.Float32):
-        """The kernel; `ab` is (a, b) or, with proj_warps, (h, w_ab, in_norm, in_eps, in_norm_on) (see
-        GdnAbConvStep)."""
         tidx, _, _ = cute.arch.thread_idx()
         split, head, seq = cute.arch.block_idx()
         warp = tidx // 32
@@ -584,11 +563,6 @@ class GdnConvStep:
 
         smem = cutlass.memory.SmemAllocator()
         sSsq = smem.allocate_tensor(cutlass.Float32, cute.make_layout((ns * nw,)), byte_alignment=16)
-        sProj = None  # (the proj warps' sums, W_ab's two rows and in_norm)
-        if cutlass.const_expr(self.proj_warps > 0):
-            sProj = (smem.allocate_tensor(cutlass.Float32, cute.make_layout((3 * self.proj_warps,)), byte_alignment=16),
-                     smem.allocate_tensor(cutlass.BFloat16, cute.make_layout((self.proj_smem() // 2,)),
-                                          byte_alignment=16))
 
         gS = mState[slot * hv + head, None, None]
         rS = cute.make_rmem_tensor((COLS, rows), cutlass.Float32)
@@ -611,13 +585,8 @@ class GdnConvStep:
                 cute.autovec_copy(cute.zipped_divide(mConvW[t, None], (COLS,))[None, v_chunk], rWv[None, t])
             cute.autovec_copy(cute.zipped_divide(mNormW, (COLS,))[None, col_chunk], rNw)
         else:
-            if cutlass.const_expr(self.proj_warps == 0):
-                self._window_taps(mConvState, slot, qk_chunk, rTqk)
-            else:
-                if warp == nw:
-                    self._window_taps(mConvState, slot, qk_chunk, rTqk)
-                else:  # the proj warps: W_ab's rows of this head (and in_norm) into shared memory
-                    self._proj_weights(ab, sProj, head, warp - nw - 1, lane)
+            for t in cutlass.range_constexpr(1, taps):
+                cute.autovec_copy(cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk], rTqk[None, t])
         if cutlass.const_expr(ns > 1):
             cute.arch.cluster_wait()
         # PDL: the slot, this layer's states and conv window were written before the previous kernel
@@ -633,16 +602,13 @@ class GdnConvStep:
             cute.autovec_copy(cute.zipped_divide(mX[seq, None], (COLS,))[None, v_chunk], rXv)
             rZ = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
             cute.autovec_copy(cute.zipped_divide(mZ[seq, None], (COLS,))[None, head * (dv // COLS) + col_chunk], rZ)
-            a_in = cutlass.Float32(0.0)
-            b_in = cutlass.Float32(0.0)
-            if cutlass.const_expr(self.proj_warps == 0):
-                a_in = ab[0][seq, head].to(cutlass.Float32)
-                b_in = ab[1][seq, head].to(cutlass.Float32)
+            a_in = mA[seq, head].to(cutlass.Float32)
+            b_in = mB[seq, head].to(cutlass.Float32)
             acc = rXqk.load().to(cutlass.Float32) * rWqk[None, taps].load().to(cutlass.Float32)
             for t in cutlass.range_constexpr(taps):
                 acc = acc + rTqk[None, t].load().to(cutlass.Float32) * rWqk[None, t].load().to(cutlass.Float32)
             # This warp has read the q/k window: tell the window warp (barrier 1, no waiting here).
-            cute.arch.barrier_arrive(barrier_id=1, number_of_threads=32 * (nw + 1))
+            cute.arch.barrier_arrive(barrier_id=1, number_of_threads=self.threads)
             acc = _silu(acc)
             rC = cute.make_rmem_tensor((VEC,), cutlass.Float32)
             rC.store(acc)
@@ -685,8 +651,6 @@ class GdnConvStep:
                 rAq[e] = _bfly_sum(rAq[e], self.row_offsets)
 
             # 4. Gates, v, u, o and this warp's partial sum of o^2.
-            if cutlass.const_expr(self.proj_warps > 0):
-                a_in, b_in = self._proj_result(sProj, ab)
             x = a_in + dt_bias
             softplus = cute.math.max(x, cutlass.Float32(0.0)) + cute.math.log1p(
                 cute.math.exp(-cute.math.abs(x), fastmath=False), fastmath=False)
@@ -734,161 +698,21 @@ class GdnConvStep:
                 cute.autovec_copy(rY, cute.zipped_divide(mOut[seq, None], (COLS,))[None, head * (dv // COLS)
                                                                                       + col_chunk])
         else:
-            if cutlass.const_expr(self.proj_warps == 0):
-                self._window(mConvState, mSync, slot, seq, hk, kh, hv, qk_chunk, gXqk, rXqk, rTqk, lane)
-            else:
-                if warp == nw:
-                    self._window(mConvState, mSync, slot, seq, hk, kh, hv, qk_chunk, gXqk, rXqk, rTqk, lane)
-                else:  # the proj warps: this head's a and b
-                    self._project(ab, sProj, seq, warp - nw - 1, lane)
-
-    @cute.jit
-    def _window_taps(self, mConvState, slot, qk_chunk, rTqk):
-        """(the window warp, before the PDL wait) The q/k conv window's taps 1.. of its lane's chunk."""
-        for t in cutlass.range_constexpr(1, self.width - 1):
-            cute.autovec_copy(cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk], rTqk[None, t])
-
-    @cute.jit
-    def _window(self, mConvState, mSync, slot, seq, hk, kh, hv, qk_chunk, gXqk, rXqk, rTqk, lane):
-        """The window warp: once every compute warp of the CTA has read the q/k window (barrier 1), count
-        the CTA; the last of the key head's readers writes the shifted window."""
-        ns, nw, taps = self.splits, self.warps, self.width - 1
-        if cutlass.const_expr(ns > 1):
-            cute.arch.cluster_arrive_relaxed()  # this warp publishes nothing to the cluster
-        cute.arch.barrier(barrier_id=1, number_of_threads=32 * (nw + 1))
-        arrived = cutlass.Int32(0)
-        if lane == 0:
-            arrived = _atom_inc_release((mSync.iterator + seq * hk + kh).toint(), (hv // hk) * ns - 1)
-        cute.autovec_copy(gXqk, rXqk)
-        arrived = cute.arch.shuffle_sync(arrived, 0)
-        if arrived == (hv // hk) * ns - 1:  # the counter is back at 0
-            cute.arch.fence_acq_rel_gpu()  # acquire: after every other reader's (released) count
-            for t in cutlass.range_constexpr(taps - 1):
-                cute.autovec_copy(rTqk[None, t + 1],
-                                  cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk])
-            cute.autovec_copy(rXqk, cute.zipped_divide(mConvState[slot, taps - 1, None], (VEC,))[None, qk_chunk])
-        if cutlass.const_expr(ns > 1):
-            cute.arch.cluster_wait()
-
-    def proj_smem(self) -> int:
-        """Bytes of W_ab's two rows and in_norm in shared memory (room for the widest h)."""
-        return 3 * 2 * 256 * self.proj_warps * self.proj_chunks
-
-    @cute.jit
-    def _proj_weights(self, ab, sProj, head, pw, lane):
-        """(proj warp pw, before the PDL wait) cp.async of its chunks of W_ab's rows a = head, b = Hv + head
-        and of in_norm (when in_norm_on) into sProj's three rows: 8 bf16 a chunk, chunks (32 pw + lane) +
-        32 proj_warps u, u < proj_chunks."""
-        mH, mWab, mInNorm, _, on = ab
-        n8 = cute.size(mH, mode=[1]) // VEC
-        hv = cute.size(mWab, mode=[0]) // 2
-        dmax = 256 * self.proj_warps * self.proj_chunks
-        s0 = sProj[1].iterator.toint()
-        for u in cutlass.range_constexpr(self.proj_chunks):
-            c = 32 * pw + lane + 32 * self.proj_warps * u
-            if c < n8:
-                _cp_async16(s0 + 16 * c, cute.zipped_divide(mWab[head, None], (VEC,))[None, c].iterator.toint())
-                _cp_async16(s0 + 2 * dmax + 16 * c,
-                            cute.zipped_divide(mWab[hv + head, None], (VEC,))[None, c].iterator.toint())
-                if on != 0:
-                    _cp_async16(s0 + 4 * dmax + 16 * c, cute.zipped_divide(mInNorm, (VEC,))[None, c].iterator.toint())
-        cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def _project(self, ab, sProj, seq, pw, lane):
-        """(proj warp pw, after the PDL wait) Its chunks of h's row seq (registers), its copies waited for,
-        its partial sums of h^2, h (1 + in_norm) W_a and h (1 + in_norm) W_b into sProj[0][3 pw ..]; arrives at
-        barrier 3 (the compute warps wait there). A lane reads only the chunks it copied itself."""
-        mH, on = ab[0], ab[4]
-        n8 = cute.size(mH, mode=[1]) // VEC
-        nc, npw = self.proj_chunks, self.proj_warps
-        dmax = 256 * npw * nc
-        sW = sProj[1]
-        rH = cute.make_rmem_tensor((VEC, nc), cutlass.BFloat16)
-        for u in cutlass.range_constexpr(nc):
-            c = 32 * pw + lane + 32 * npw * u
-            if c < n8:
-                cute.autovec_copy(cute.zipped_divide(mH[seq, None], (VEC,))[None, c], rH[None, u])
-        cute.arch.cp_async_wait_group(0)
-        ss = cutlass.Float32(0.0)
-        sa = cutlass.Float32(0.0)
-        sb = cutlass.Float32(0.0)
-        rW = cute.make_rmem_tensor((VEC, 3), cutlass.BFloat16)
-        for u in cutlass.range_constexpr(nc):
-            c = 32 * pw + lane + 32 * npw * u
-            if c < n8:
-                rW.fill(0.0)
-                for r in cutlass.range_constexpr(2):
-                    cute.autovec_copy(cute.zipped_divide(sW, (VEC,))[None, (r * dmax) // VEC + c], rW[None, r])
-                if on != 0:
-                    cute.autovec_copy(cute.zipped_divide(sW, (VEC,))[None, (2 * dmax) // VEC + c], rW[None, 2])
-                h = rH[None, u].load().to(cutlass.Float32)
-                hg = h * (rW[None, 2].load().to(cutlass.Float32) + 1.0)
-                ss = ss + (h * h).reduce(cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0)
-                sa = sa + (hg * rW[None, 0].load().to(cutlass.Float32)).reduce(
-                    cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0)
-                sb = sb + (hg * rW[None, 1].load().to(cutlass.Float32)).reduce(
-                    cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0)
-        ss = _warp_sum(ss)
-        sa = _warp_sum(sa)
-        sb = _warp_sum(sb)
-        if lane == 0:
-            sums = sProj[0]
-            sums[3 * pw] = ss
-            sums[3 * pw + 1] = sa
-            sums[3 * pw + 2] = sb
-        cute.arch.barrier_arrive(barrier_id=3, number_of_threads=32 * (self.warps + npw))
-
-    @cute.jit
-    def _proj_result(self, sProj, ab):
-        """(compute warps) a and b from the proj warps' partials (barrier 3): r = rsqrt(mean(h^2) + in_eps) when
-        in_norm_on (else 1), each sum times r rounded to bf16 (as the separate GEMV stores it)."""
-        mH, _, _, in_eps, on = ab
-        cute.arch.barrier(barrier_id=3, number_of_threads=32 * (self.warps + self.proj_warps))
-        sums = sProj[0]
-        ss = sums[0]
-        sa = sums[1]
-        sb = sums[2]
-        for w in cutlass.range_constexpr(1, self.proj_warps):
-            ss = ss + sums[3 * w]
-            sa = sa + sums[3 * w + 1]
-            sb = sb + sums[3 * w + 2]
-        r = cutlass.Float32(1.0)
-        if on != 0:
-            r = cute.math.rsqrt(ss / cute.size(mH, mode=[1]) + in_eps, fastmath=False)
-        return ((sa * r).to(cutlass.BFloat16).to(cutlass.Float32),
-                (sb * r).to(cutlass.BFloat16).to(cutlass.Float32))
-
-
-class GdnAbConvStep(GdnConvStep):
-    """GdnConvStep (splits 1) that projects a and b itself instead of reading a separate GEMV's output:
-    `proj_warps` more warps compute, for the CTA's value head j and sequence b,
-
-        a = bf16(W_ab[j] . h'),  b = bf16(W_ab[Hv + j] . h'),
-        h' = h[b] * rsqrt(mean(h[b]^2) + in_eps) * (1 + in_norm) when in_norm_on, else h[b],
-
-    in fp32 (h' is not rounded to bf16 first: the rmsnorm scale multiplies the sums). W_ab's rows and
-    in_norm are loaded before the PDL wait, h after it; the compute warps take the sums at a named barrier
-    just before the gates. h: [B, D] bf16, D a multiple of 8 and at most 256 proj_warps proj_chunks;
-    w_ab: [2 Hv, D] bf16; in_norm: [D] bf16 (not read when in_norm_on is 0). This removes the a|b GEMV
-    launch (a side branch of the decode graph) and its join."""
-
-    @cute.jit
-    def __call__(self, mX: cute.Tensor, mConvState: cute.Tensor, mConvW: cute.Tensor, mZ: cute.Tensor,
-                 mH: cute.Tensor, mWab: cute.Tensor, mInNorm: cute.Tensor, mALog: cute.Tensor,
-                 mDtBias: cute.Tensor, mNormW: cute.Tensor, mState: cute.Tensor, mSlots: cute.Tensor,
-                 mSync: cute.Tensor, mOut: cute.Tensor, eps: cutlass.Float32, in_eps: cutlass.Float32,
-                 in_norm_on: cutlass.Int32, stream: cuda.CUstream):
-        hv = cute.size(mALog, mode=[0])
-        b = cute.size(mSlots, mode=[0])
-        self.kernel(mX, mConvState, mConvW, mZ, mH, mWab, mInNorm, mALog, mDtBias, mNormW, mState, mSlots, mSync,
-                    mOut, eps, in_eps, in_norm_on).launch(grid=(1, hv, b), block=(self.threads, 1, 1), stream=stream)
-
-    @cute.kernel
-    def kernel(self, mX: cute.Tensor, mConvState: cute.Tensor, mConvW: cute.Tensor, mZ: cute.Tensor,
-               mH: cute.Tensor, mWab: cute.Tensor, mInNorm: cute.Tensor, mALog: cute.Tensor, mDtBias: cute.Tensor,
-               mNormW: cute.Tensor, mState: cute.Tensor, mSlots: cute.Tensor, mSync: cute.Tensor,
-               mOut: cute.Tensor, eps: cutlass.Float32, in_eps: cutlass.Float32, in_norm_on: cutlass.Int32):
-        self.body(mX, mConvState, mConvW, mZ, (mH, mWab, mInNorm, in_eps, in_norm_on), mALog, mDtBias, mNormW,
-                  mState, mSlots, mSync, mOut, eps)
-
+            # The window warp: once every compute warp of the CTA has read the q/k window (barrier 1),
+            # count the CTA; the last of the key head's readers writes the shifted window.
+            if cutlass.const_expr(ns > 1):
+                cute.arch.cluster_arrive_relaxed()  # this warp publishes nothing to the cluster
+            cute.arch.barrier(barrier_id=1, number_of_threads=self.threads)
+            arrived = cutlass.Int32(0)
+            if lane == 0:
+                arrived = _atom_inc_release((mSync.iterator + seq * hk + kh).toint(), (hv // hk) * ns - 1)
+            cute.autovec_copy(gXqk, rXqk)
+            arrived = cute.arch.shuffle_sync(arrived, 0)
+            if arrived == (hv // hk) * ns - 1:  # the counter is back at 0
+                cute.arch.fence_acq_rel_gpu()  # acquire: after every other reader's (released) count
+                for t in cutlass.range_constexpr(taps - 1):
+                    cute.autovec_copy(rTqk[None, t + 1],
+                                      cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk])
+                cute.autovec_copy(rXqk, cute.zipped_divide(mConvState[slot, taps - 1, None], (VEC,))[None, qk_chunk])
+            if cutlass.const_expr(ns > 1):
+                cute.arch.cluster_wait()

@@ -5,7 +5,6 @@ strides and argument orders before GPU time; the numbers themselves are tests/gp
 
 from __future__ import annotations
 
-import os
 import types
 
 import numpy as np
@@ -65,10 +64,9 @@ def artifact(tmp_path_factory):
     return convert(synthesize("tiny-dense", root / "ckpt"), root / "tiny.ninfer", "groupwise-int", progress=False)
 
 
-@pytest.fixture(scope="module", params=["1", "0"], ids=["fused-ab", "separate-ab"])
-def dry(artifact, tmp_path_factory, request):
-    """A GpuExecutor on DryOps, and the list of its launches (kernel name, grid); the GDN gate inputs a|b
-    projected inside the conv + step kernel (the default) or by their own GEMV ($INFERNO_FUSE_AB=0)."""
+@pytest.fixture(scope="module")
+def dry(artifact, tmp_path_factory):
+    """A GpuExecutor on DryOps, and the list of its launches (kernel name, grid)."""
     from inferno.cuda.params import PackedParams, ParamLayout, ParamSpec
     from inferno.kernels import (attn_variants, cache, gdn_variants, gemv_mma_variants, gemv_variants, launchers,
                                  prefill_variants, sample_variants)
@@ -76,10 +74,9 @@ def dry(artifact, tmp_path_factory, request):
     from inferno.model.gpu import GpuExecutor
     from inferno.model.gpu.residency import gemv_kinds
 
-    root = tmp_path_factory.getbasetemp() / "dry-kernels"  # both params share the builds
+    root = tmp_path_factory.mktemp("kernels")
     launches: list[tuple[str, tuple]] = []
     mp = pytest.MonkeyPatch()
-    mp.setenv("INFERNO_FUSE_AB", request.param)
 
     def load(variant, device=None, _root=None):
         v = cache.get(variant) if isinstance(variant, str) else variant
@@ -138,11 +135,7 @@ def test_every_decode_launch_passes_the_launchers(dry):
         # the norms are folded into the GEMVs that read them
         # the input projections: one GEMV of the merged matrix (INFERNO_MERGE_PROJ=1, the default), else two
         inputs = ["gemv_mma"] if ex.plan.merge else ["gemv_mma", "gemv_mma"]
-        # the GDN gate inputs a|b: projected by gdn_ab_conv_step, or a bf16 GEMV (on the side branch) first
-        fused = os.environ["INFERNO_FUSE_AB"] == "1"
-        assert ex.program.ops.fuses_gdn_ab(c.hidden) == fused
-        per_gdn = ([*inputs, "gdn_ab_conv_step"] if fused
-                   else ["gemv_bf16_t1_n", *inputs, "gdn_conv_step"]) + ["gemv_mma", "gemv_mma", "gemv_mma"]
+        per_gdn = ["gemv_bf16_t1_n", *inputs, "gdn_conv_step", "gemv_mma", "gemv_mma", "gemv_mma"]
         # attention: the decode kernel with the prep folded in, then the combine (its early-loading variant)
         per_attn = [*inputs, "attn_decode_g", "attn_combine_early", "gemv_mma", "gemv_mma", "gemv_mma"]
         want = ["embedding"]

@@ -11,8 +11,7 @@ import pytest
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.cuda.params import ParamLayout, ParamSpec
-from inferno.kernels.gdn_variants import (AB_MAX_HIDDEN, GDN_LAUNCHERS, GDN_VARIANTS, GdnAbConvStep, GdnConv,
-                                         GdnConvStep, GdnStep)
+from inferno.kernels.gdn_variants import GDN_LAUNCHERS, GDN_VARIANTS, GdnConv, GdnConvStep, GdnStep
 from inferno.kernels.manifest import Manifest, grid_symbols, source_hash
 from inferno.kernels.registry import ARCHS, Tensor
 from inferno.model.reference.gdn import causal_conv, recurrent_delta_rule
@@ -286,38 +285,6 @@ def test_conv_step_launcher_packs_grids_and_clusters(built, rec, name, hk, hv):
     assert params.raw("sync") == struct.pack("<Qii", p["sync"], b * hk, 0)
     assert params.raw("out") == struct.pack("<Qiiq", p["out"], b, zw, zw)
     assert struct.unpack("<f", params.raw("eps"))[0] == pytest.approx(1e-6)
-
-
-@pytest.mark.parametrize("normed", [True, False], ids=["in-norm", "pre-normed"])
-def test_ab_conv_step_launcher_packs_the_projection(built, rec, normed):
-    """gdn_ab_conv_step: a|b replaced by h, w_ab, in_norm (h itself when h is pre-normed) and two scalars;
-    one CTA per (head, sequence), no cluster."""
-    k = GdnAbConvStep(_fake_loaded(built, "gdn_ab_conv_step"))
-    hk, hv, b, ns, d, hidden, hs = 16, 48, 2, 5, 128, 5120, 5120 + 64
-    c, zw = 2 * hk * d + hv * d, hv * d
-    bufs = dict(x=_dev(b * c * 2, 1 << 20), conv_state=_dev(ns * 3 * c * 2, 1 << 24), conv_w=_dev(4 * c * 2, 1 << 25),
-                z=_dev(b * zw * 2, 1 << 31), h=_dev(b * hs * 2, 1 << 33), w_ab=_dev(2 * hv * hidden * 2, 1 << 34),
-                in_norm=_dev(hidden * 2, 1 << 35) if normed else None, a_log=_dev(hv * 4, 1 << 26),
-                dt_bias=_dev(hv * 4, (1 << 26) + 4096), norm_w=_dev(d * 2, 1 << 27),
-                state=_dev(ns * hv * d * d * 4, 1 << 32), slots=_dev(b * 4, 1 << 28), sync=_dev(b * hk * 4, 1 << 29),
-                out=_dev(b * zw * 2, 1 << 30))
-    k(*bufs.values(), b, hk, hv, ns, hidden, 1e-6, 2e-6, h_stride=hs)
-    grid, block, params, smem = rec.calls[-1]
-    assert grid == (1, hv, b) and block == (k.config["threads"], 1, 1) and smem >= 3 * 2 * hidden
-    assert rec.clusters[-1] is None
-    assert params.raw("h") == struct.pack("<Qiiq", bufs["h"].ptr, b, hidden, hs)
-    assert params.raw("w_ab") == struct.pack("<Qiiq", bufs["w_ab"].ptr, 2 * hv, hidden, hidden)
-    assert params.raw("in_norm") == struct.pack("<Qii", (bufs["in_norm"] or bufs["h"]).ptr, hidden, 0)
-    assert struct.unpack("<f", params.raw("in_eps"))[0] == pytest.approx(2e-6)
-    assert struct.unpack("<i", params.raw("in_norm_on"))[0] == int(normed)
-    args = list(bufs.values())
-    with pytest.raises(LaunchError, match=f"hidden = {AB_MAX_HIDDEN + 8} exceeds the {AB_MAX_HIDDEN} it projects"):
-        k(*args, b, hk, hv, ns, AB_MAX_HIDDEN + 8, h_stride=AB_MAX_HIDDEN + 8)
-    with pytest.raises(LaunchError, match="hidden = 5116 must be a multiple of 8"):
-        k(*args, b, hk, hv, ns, 5116)
-    with pytest.raises(LaunchError, match="w_ab 'buf' has"):
-        k(*args[:5], _dev(hv * hidden * 2, 1 << 34), *args[6:], b, hk, hv, ns, hidden)
-    assert len(rec.calls) == 1
 
 
 def test_conv_step_refuses_a_short_sync_buffer(built, rec):

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from inferno.model.gpu.profile import role  # noqa: E402
 
 NOT_WORK = frozenset({"alloc", "upload", "download", "zero", "write", "read", "synchronize", "marker", "side",
-                      "join", "folds_norm", "fuses_gdn_ab", "preload_gemv", "close"})
+                      "join", "folds_norm", "preload_gemv", "close"})
 
 
 def op_class(name: str, args: tuple, kwargs: dict) -> str:

@@ -169,8 +169,7 @@ def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool, model: tup
     dev = {"kind": "cuda", "name": gpu.name, "arch": gpu.arch, "executor": "gpu",
            "cuda_graph": getattr(executor, "cuda_graph", None), "tiling": tiling_mode(),
            "pdl": os.environ.get("INFERNO_PDL", "1") != "0", "branches": os.environ.get("INFERNO_BRANCHES", "1") != "0",
-           "fold_norm": os.environ.get("INFERNO_FOLD_NORM", "1") != "0", "merge_proj": merge_mode(),
-           "fuse_ab": os.environ.get("INFERNO_FUSE_AB", "1") != "0"}
+           "fold_norm": os.environ.get("INFERNO_FOLD_NORM", "1") != "0", "merge_proj": merge_mode()}
     return _Loaded(executor, limits, states, dev, settings, skipped, step_spans)
 
 
@@ -200,8 +199,7 @@ def _given(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-AB_SWITCHES = ("INFERNO_TILED", "INFERNO_PDL", "INFERNO_BRANCHES", "INFERNO_FOLD_NORM", "INFERNO_MERGE_PROJ",
-               "INFERNO_FUSE_AB")  # environment A/B switches the command records
+AB_SWITCHES = ("INFERNO_TILED", "INFERNO_PDL", "INFERNO_BRANCHES", "INFERNO_FOLD_NORM", "INFERNO_MERGE_PROJ")  # environment A/B switches the command records
 
 
 def _command(target, device, s, json_out, kernel_table, no_cuda_graph) -> str:

@@ -4,10 +4,8 @@
   gdn_conv         causal depthwise conv1d (kernel 4) update + SiLU with the conv-state shift
   gdn_step         gates + q/k l2norm + gated delta-rule step on the fp32 state + gated RMSNorm
   gdn_conv_step*   both in one launch, dv split over a cluster of `splits` CTAs per head
-                   (gdn_conv_step: splits 1; _s2, _s4, _s8 the alternatives for benchmarks;
+                   (gdn_conv_step: splits 4; _s1, _s2, _s8 the alternatives for benchmarks;
                    _v1: the first fused kernel, GdnConvStepRows, kept for A/B)
-  gdn_ab_conv_step gdn_conv_step (splits 1) that also projects the gate inputs a and b from the
-                   layer input (2 more warps), replacing the separate a|b GEMV
 
 Device layouts (docs/kernels-gdn.md): conv state [slots, K-1, conv_dim] bf16 tap-major (oldest
 first), conv weight [K, conv_dim] bf16 tap-major, recurrent state [slots, Hv, dk, dv] fp32;
@@ -68,27 +66,6 @@ def _conv_step(name: str, splits: int, threads: int, cls: str = "GdnConvStep") -
     )
 
 
-PROJ_WARPS, PROJ_CHUNKS = 2, 10  # gdn_ab_conv_step: a|b over 2 warps, 10 chunks of 8 a lane: D <= 5,120
-AB_MAX_HIDDEN = 256 * PROJ_WARPS * PROJ_CHUNKS  # the widest layer input gdn_ab_conv_step projects
-
-
-def _ab_conv_step(name: str, threads: int) -> Variant:
-    """The fused conv + step kernel (splits 1) with a and b projected in the kernel (GdnAbConvStep)."""
-    base = _conv_step(name, 1, threads - 32 * PROJ_WARPS)
-    args = list(base.args)
-    i = next(n for n, a in enumerate(args) if a.name == "a")
-    args[i:i + 2] = [Tensor("h", "bf16", ("B", "D"), ("h_stride", 1)),
-                     Tensor("w_ab", "bf16", ("AB", "D"), ("w_ab_stride", 1)),
-                     Tensor("in_norm", "bf16", ("D",), (1,))]
-    args += [Scalar("in_eps", "f32"), Scalar("in_norm_on", "i32")]
-    return Variant(
-        name=name, op="gdn_ab_conv_step", source=base.source, cls="GdnAbConvStep",
-        config=dict(base.config, threads=threads, proj_warps=PROJ_WARPS, proj_chunks=PROJ_CHUNKS),
-        args=tuple(args), grid=base.grid, divisibility=dict(base.divisibility, D=8, h_stride=8, w_ab_stride=8), pdl=True,
-        summary="GDN decode a|b projection (+ input RMSNorm) + conv1d + SiLU + step + gated RMSNorm in one launch",
-    )
-
-
 GDN_VARIANTS: tuple[Variant, ...] = (
     Variant(
         name="gdn_conv", op="gdn_conv", source="cute_kernels.gdn_conv", cls="GdnConv",
@@ -126,7 +103,6 @@ GDN_VARIANTS: tuple[Variant, ...] = (
     _conv_step("gdn_conv_step_s2", 2, 288),
     _conv_step("gdn_conv_step_s8", 8, 96),
     _conv_step("gdn_conv_step_v1", 4, 128, "GdnConvStepRows"),
-    _ab_conv_step("gdn_ab_conv_step", 288 + 32 * PROJ_WARPS),
 )
 
 
@@ -272,25 +248,11 @@ class GdnConvStep(_GdnLauncher):
         norm_w [dv] bf16; state [n_slots, Hv, dk, dv] fp32; slots [batch] int32 (distinct, in
         [0, n_slots)); sync: int32 [>= batch * k_heads], zero before the first call (the kernel leaves
         it zero). Strides are row strides in elements."""
-        ptrs, symbols = self._common(x, conv_state, conv_w, z, a_log, dt_bias, norm_w, state, slots, sync, out, batch,
-                                     k_heads, v_heads, n_slots, x_stride, z_stride, out_stride)
-        hv, batch = symbols["Hv"], symbols["B"]
-        as_ = self._stride(a_stride, hv, hv, "a_stride", "a_stride")
-        bs = self._stride(b_stride, hv, hv, "b_stride", "b_stride")
-        ptrs["a"] = _buf(a, "a", self.name, ((batch - 1) * as_ + hv) * BF16, align=2)
-        ptrs["b"] = _buf(b, "b", self.name, ((batch - 1) * bs + hv) * BF16, align=2)
-        symbols.update(a_stride=as_, b_stride=bs)
-        splits = self.config["splits"]
-        self._launch(ptrs, {"eps": eps}, symbols, stream, cluster=(splits, 1, 1) if splits > 1 else None)
-
-    def _common(self, x, conv_state, conv_w, z, a_log, dt_bias, norm_w, state, slots, sync, out, batch, k_heads,
-                v_heads, n_slots, x_stride, z_stride, out_stride) -> tuple[dict[str, int], dict[str, int]]:
-        """The checked pointers and shape symbols of the arguments every conv + step kernel takes."""
         batch = _int(batch, "batch", self.name)
         hk = _int(k_heads, "k_heads", self.name)
         hv = _int(v_heads, "v_heads", self.name)
         n_slots = _int(n_slots, "n_slots", self.name)
-        dk, dv, width = (self.config[k] for k in ("head_k", "head_v", "width"))
+        dk, dv, width, splits = (self.config[k] for k in ("head_k", "head_v", "width", "splits"))
         if hv % hk:
             raise LaunchError(f"kernel {self.name}: v_heads = {hv} must be a multiple of k_heads = {hk}")
         if batch > 65535:
@@ -299,11 +261,15 @@ class GdnConvStep(_GdnLauncher):
         xs = self._stride(x_stride, c, c, "x_stride", "x_stride")
         zs = self._stride(z_stride, zw, zw, "z_stride", "z_stride")
         os_ = self._stride(out_stride, zw, zw, "out_stride", "out_stride")
+        as_ = self._stride(a_stride, hv, hv, "a_stride", "a_stride")
+        bs = self._stride(b_stride, hv, hv, "b_stride", "b_stride")
         ptrs = {
             "x": _buf(x, "x", self.name, ((batch - 1) * xs + c) * BF16),
             "conv_state": _buf(conv_state, "conv_state", self.name, n_slots * (width - 1) * c * BF16),
             "conv_w": _buf(conv_w, "conv_w", self.name, width * c * BF16),
             "z": _buf(z, "z", self.name, ((batch - 1) * zs + zw) * BF16),
+            "a": _buf(a, "a", self.name, ((batch - 1) * as_ + hv) * BF16, align=2),
+            "b": _buf(b, "b", self.name, ((batch - 1) * bs + hv) * BF16, align=2),
             "a_log": _buf(a_log, "a_log", self.name, hv * F32, align=4),
             "dt_bias": _buf(dt_bias, "dt_bias", self.name, hv * F32, align=4),
             "norm_w": _buf(norm_w, "norm_w", self.name, dv * BF16),
@@ -313,47 +279,10 @@ class GdnConvStep(_GdnLauncher):
             "out": _buf(out, "out", self.name, ((batch - 1) * os_ + zw) * BF16),
         }
         symbols = {"B": batch, "C": c, "NS": n_slots, "x_stride": xs, "st_slot_stride": (width - 1) * c,
-                   "st_tap_stride": c, "w_stride": c, "Z": zw, "z_stride": zs, "Hv": hv, "SH": n_slots * hv,
-                   "SB": batch * hk, "out_stride": os_}
-        return ptrs, symbols
+                   "st_tap_stride": c, "w_stride": c, "Z": zw, "z_stride": zs, "Hv": hv, "a_stride": as_,
+                   "b_stride": bs, "SH": n_slots * hv, "SB": batch * hk, "out_stride": os_}
+        self._launch(ptrs, {"eps": eps}, symbols, stream, cluster=(splits, 1, 1) if splits > 1 else None)
 
 
-class GdnAbConvStep(GdnConvStep):
-    """GdnConvStep that projects a and b itself: a | b = W_ab h' for each sequence's row of h, h' the
-    input RMSNorm of h (with in_norm) or h itself (in_norm None), in place of a separate GEMV."""
-
-    op = "gdn_ab_conv_step"
-
-    @property
-    def max_hidden(self) -> int:
-        """The widest h this kernel projects (256 * proj_warps * proj_chunks)."""
-        return 256 * self.config["proj_warps"] * self.config["proj_chunks"]
-
-    def __call__(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, z: DeviceBuffer,
-                 h: DeviceBuffer, w_ab: DeviceBuffer, in_norm: DeviceBuffer | None, a_log: DeviceBuffer,
-                 dt_bias: DeviceBuffer, norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer,
-                 sync: DeviceBuffer, out: DeviceBuffer, batch: int, k_heads: int, v_heads: int, n_slots: int,
-                 hidden: int, eps: float = 1e-6, in_eps: float = 1e-6, *, x_stride: int | None = None,
-                 z_stride: int | None = None, h_stride: int | None = None, out_stride: int | None = None,
-                 stream: Any = None) -> None:
-        """As GdnConvStep, with a and b replaced by h [batch, hidden] bf16 (the layer input), w_ab
-        [2 Hv, hidden] bf16 (a rows, then b rows) and in_norm [hidden] bf16 (the input RMSNorm weight, eps
-        in_eps; None: h is already normed)."""
-        ptrs, symbols = self._common(x, conv_state, conv_w, z, a_log, dt_bias, norm_w, state, slots, sync, out, batch,
-                                     k_heads, v_heads, n_slots, x_stride, z_stride, out_stride)
-        hv, batch = symbols["Hv"], symbols["B"]
-        d = _int(hidden, "hidden", self.name)
-        self._divisible("hidden", d, "D")
-        if d > self.max_hidden:
-            raise LaunchError(f"kernel {self.name}: hidden = {d} exceeds the {self.max_hidden} it projects; "
-                              "use gdn_conv_step with a separate a|b GEMV")
-        hs = self._stride(h_stride, d, d, "h_stride", "h_stride")
-        ptrs["h"] = _buf(h, "h", self.name, ((batch - 1) * hs + d) * BF16)
-        ptrs["w_ab"] = _buf(w_ab, "w_ab", self.name, 2 * hv * d * BF16)
-        ptrs["in_norm"] = ptrs["h"] if in_norm is None else _buf(in_norm, "in_norm", self.name, d * BF16)
-        symbols.update(D=d, AB=2 * hv, h_stride=hs, w_ab_stride=d)
-        self._launch(ptrs, {"eps": eps, "in_eps": in_eps, "in_norm_on": int(in_norm is not None)}, symbols, stream)
-
-
-GDN_LAUNCHERS = {cls.op: cls for cls in (GdnConv, GdnStep, GdnConvStep, GdnAbConvStep)}
+GDN_LAUNCHERS = {cls.op: cls for cls in (GdnConv, GdnStep, GdnConvStep)}
 

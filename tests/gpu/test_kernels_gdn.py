@@ -18,7 +18,7 @@ import pytest
 
 from inferno.cuda.copy import from_device, h2d, memset_d8
 from inferno.cuda.memory import DeviceBuffer, device_alloc
-from inferno.kernels.gdn_variants import GDN_VARIANTS, HEAD_DIM, GdnAbConvStep, GdnConv, GdnConvStep, GdnStep
+from inferno.kernels.gdn_variants import GDN_VARIANTS, HEAD_DIM, GdnConv, GdnConvStep, GdnStep
 from inferno.kernels.reference import bf16
 from inferno.model.executor import GdnState
 from inferno.model.reference.gdn import GdnWeights, causal_conv, gdn_layer, recurrent_delta_rule
@@ -371,100 +371,6 @@ def test_conv_step(device, fused, bufs, rng, hk, hv, slots):
         changed = np.argwhere(new_conv[s].view(np.uint16) != ref_conv[s].astype(bf16).view(np.uint16))
         if changed.size:
             fails.append(f"slot {s}: conv window differs at {len(changed)} places, first {changed[:3].tolist()}")
-    for s in set(range(N_SLOTS)) - set(slots):
-        if not (np.array_equal(new_state[s].view(np.uint32), state[s].view(np.uint32)) and
-                np.array_equal(new_conv[s].view(np.uint16), conv_st[s].view(np.uint16))):
-            fails.append(f"slot {s} is not in the batch but its state changed")
-    assert conv_guard and st_guard, "a state guard tail was written"
-    assert not fails, "; ".join(fails)
-
-
-def _ab_ref(h: np.ndarray, w_ab: np.ndarray, in_norm: np.ndarray | None, eps: float) -> np.ndarray:
-    """a|b [2 Hv] as gdn_ab_conv_step makes them: w_ab rmsnorm(h) (or w_ab h) in float64, rounded to bf16."""
-    hf = _f32(h).astype(np.float64)
-    if in_norm is None:
-        ab = _f32(w_ab).astype(np.float64) @ hf
-    else:
-        ab = (_f32(w_ab).astype(np.float64) @ (hf * (1.0 + _f32(in_norm)))) / np.sqrt(np.mean(hf * hf) + eps)
-    return _f32(ab.astype(np.float32).astype(bf16))
-
-
-@pytest.mark.parametrize("hidden, normed", [(5120, True), (5120, False), (1000, True)],
-                         ids=["h5120-norm", "h5120-normed-input", "h1000-norm"])
-@pytest.mark.parametrize("slots", SLOTS)
-@pytest.mark.parametrize("hk, hv", MODELS)
-def test_ab_conv_step(device, bufs, rng, hk, hv, slots, hidden, normed):
-    """gdn_ab_conv_step (a|b projected in the kernel from h, its input RMSNorm folded or h pre-normed) over
-    several tokens: fresh inputs each token, outputs poisoned before each call, the state and conv window
-    carried in the reference, unused slots untouched, the sync counters back at zero."""
-    from inferno.kernels import cache, registry
-
-    with pytest.MonkeyPatch.context() as mp:
-        if "gdn_ab_conv_step" not in {v.name for v in registry.VARIANTS}:
-            extra = {v.name: v for v in GDN_VARIANTS}
-            mp.setattr(cache, "get", lambda name: extra.get(name) or registry.get(name))
-        k = GdnAbConvStep.for_device(device)
-    nb, c, zw, eps, in_eps, tokens = len(slots), 2 * hk * D + hv * D, hv * D, 1e-6, 1e-6, 3
-    hs = hidden + 24  # a padded row stride
-    a_log, dt_bias = _gates(rng, hv)
-    w = (1 + 0.2 * rng.standard_normal(D, np.float32)).astype(bf16)
-    conv_w = (0.5 * rng.standard_normal((4, c), np.float32)).astype(bf16)
-    w_ab = (rng.standard_normal((2 * hv, hidden), np.float32) / np.sqrt(hidden)).astype(bf16)
-    in_norm = (0.2 * rng.standard_normal(hidden, np.float32)).astype(bf16) if normed else None
-    conv_st = np.full((N_SLOTS, 3, c), 0xFFFF, np.uint16).view(bf16)
-    state = np.full((N_SLOTS, hv, D, D), 0xFFFFFFFF, np.uint32).view(np.float32)
-    for s in slots:
-        conv_st[s] = rng.standard_normal((3, c), np.float32).astype(bf16)
-        state[s] = 0.1 * rng.standard_normal((hv, D, D), np.float32)
-    ref_conv = {s: _f32(conv_st[s]) for s in slots}
-    ref_state = {s: state[s].copy() for s in slots}
-    dx, dz, dh = bufs.poisoned(nb * c * 2, "x"), bufs.poisoned(nb * zw * 2, "z"), bufs.poisoned(nb * hs * 2, "h")
-    dconv_st, dstate = bufs.up(conv_st, "conv_state"), bufs.up(state, "state")
-    dwab, dnorm = bufs.up(w_ab, "w_ab"), (bufs.up(in_norm, "in_norm") if normed else None)
-    dsync, dout = bufs.up(np.zeros(nb * hk, np.int32), "sync"), bufs.poisoned(nb * zw * 2, "out")
-    consts = (bufs.up(conv_w, "conv_w"), bufs.up(a_log, "a_log"), bufs.up(dt_bias, "dt_bias"), bufs.up(w, "norm_w"),
-              bufs.up(np.array(slots, np.int32), "slots"))
-    fails = []
-    for t in range(tokens):
-        x = rng.standard_normal((nb, c), np.float32).astype(bf16)
-        z = rng.standard_normal((nb, zw), np.float32).astype(bf16)
-        h = np.full((nb, hs), np.nan, np.float32).astype(bf16)  # the padding is NaN: never read
-        h[:, :hidden] = (rng.standard_normal((nb, hidden), np.float32) * rng.uniform(0.5, 4)).astype(bf16)
-        h2d(dx, x)
-        h2d(dz, z)
-        h2d(dh, h)
-        memset_d8(dout, 0xFF, nb * zw * 2)
-        k(dx, dconv_st, consts[0], dz, dh, dwab, dnorm, consts[1], consts[2], consts[3], dstate, consts[4], dsync, dout,
-          nb, hk, hv, N_SLOTS, hidden, eps, in_eps, h_stride=hs)
-        device.synchronize()
-        out, out_guard = Bufs.read(dout, bf16, (nb, zw))
-        sync, _ = Bufs.read(dsync, np.int32, (nb * hk,))
-        if not out_guard:
-            fails.append(f"token {t}: out guard tail written")
-        if np.any(sync):
-            fails.append(f"token {t}: sync counters not back to zero")
-        ref_out = np.empty((nb, zw), np.float32)
-        for i, s in enumerate(slots):
-            ab = _ab_ref(h[i, :hidden], w_ab, in_norm, in_eps)
-            co, cs = causal_conv(_f32(x[i])[None], ref_conv[s].T, _f32(conv_w).T)
-            ref_conv[s] = cs.T
-            ref_out[i], ref_state[s] = _ref_step(silu(co[0]), z[i], ab[:hv], ab[hv:], a_log, dt_bias, w, ref_state[s],
-                                                 hk, hv, eps)
-        rel, line = _report(f"gdn_ab_conv_step hk{hk} hv{hv} D{hidden} slots {slots} token {t}: out", out, ref_out)
-        if rel > OUT_TOL:
-            fails.append(line)
-    new_conv, conv_guard = Bufs.read(dconv_st, bf16, conv_st.shape)
-    new_state, st_guard = Bufs.read(dstate, np.float32, state.shape)
-    for s in slots:
-        rel, line = _report(f"gdn_ab_conv_step D{hidden} slot {s}: state after {tokens} tokens", new_state[s],
-                            ref_state[s])
-        # a|b are rounded to bf16 on both sides: an fp32 sum a hair from a rounding boundary flips one of them
-        # by an ulp (a few per test), which moves that head's decay by up to ~1 %; a wrong row, norm or scale
-        # moves every head's state by O(1)
-        if rel > 5e-3:
-            fails.append(line)
-        if not np.array_equal(new_conv[s].view(np.uint16), ref_conv[s].astype(bf16).view(np.uint16)):
-            fails.append(f"slot {s}: conv window differs from the reference")
     for s in set(range(N_SLOTS)) - set(slots):
         if not (np.array_equal(new_state[s].view(np.uint32), state[s].view(np.uint32)) and
                 np.array_equal(new_conv[s].view(np.uint16), conv_st[s].view(np.uint16))):

@@ -18,9 +18,8 @@ from ml_dtypes import bfloat16
 
 from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import DeviceBuffer
-from inferno.kernels.gdn_variants import AB_MAX_HIDDEN
 from inferno.kernels.qlayout import dequant_rows
-from inferno.model.gpu.ops import AttnGeometry, fold_norms, folds_norm_shape, fuse_ab
+from inferno.model.gpu.ops import AttnGeometry, fold_norms, folds_norm_shape
 from inferno.model.gpu.residency import ALIGN, align_up
 from inferno.model.reference.norms import rms_norm, sigmoid, silu, softplus
 from inferno.model.reference.rope import apply_rope
@@ -36,7 +35,6 @@ class EmulatedOps:
 
     def __init__(self, capacity: int):
         self.fold_norms = fold_norms()
-        self.fuse_ab = fuse_ab()
         self.mem = np.zeros(capacity + ALIGN, np.uint8)
         self.capacity = capacity
         self.top = 0
@@ -173,32 +171,10 @@ class EmulatedOps:
         self.launches += 1
         self._put(y, self._get(w, bfloat16, n * k).reshape(n, k) @ self._x(x, k, norm))
 
-    def fuses_gdn_ab(self, hidden) -> bool:
-        """As on the GPU (the widths gdn_ab_conv_step projects), unless $INFERNO_FUSE_AB=0."""
-        return self.fuse_ab and hidden <= AB_MAX_HIDDEN and hidden % 8 == 0
-
-    def gdn_ab_conv_step(self, x, conv_state, conv_w, z, h, w_ab, norm, a_log, dt_bias, norm_w, state, slots, sync,
-                         out, k_heads, v_heads, n_slots, hidden, eps) -> None:
-        """As the kernel: a|b in fp32 from h (its RMSNorm scale applied to the sums, h' not rounded), then bf16."""
-        hv = self._get(h, bfloat16, hidden)
-        w = self._get(w_ab, bfloat16, 2 * v_heads * hidden).reshape(2 * v_heads, hidden)
-        if norm is None:
-            ab = w @ hv
-        else:
-            g = 1.0 + self._get(norm[0], bfloat16, hidden)
-            ab = (w @ (hv * g)) / np.sqrt(np.mean(hv * hv) + norm[1])
-        ab = ab.astype(bfloat16).astype(np.float32)
-        self._conv_step(x, conv_state, conv_w, z, ab[:v_heads], ab[v_heads:], a_log, dt_bias, norm_w, state, slots,
-                        out, k_heads, v_heads, n_slots, eps)
-
     def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
                       k_heads, v_heads, n_slots, eps) -> None:
-        self._conv_step(x, conv_state, conv_w, z, self._get(a, bfloat16, v_heads), self._get(b, bfloat16, v_heads),
-                        a_log, dt_bias, norm_w, state, slots, out, k_heads, v_heads, n_slots, eps)
-
-    def _conv_step(self, x, conv_state, conv_w, z, av, bv, a_log, dt_bias, norm_w, state, slots, out, k_heads, v_heads,
-                   n_slots, eps) -> None:
         self.launches += 1
+        av, bv = self._get(a, bfloat16, v_heads), self._get(b, bfloat16, v_heads)
         slot = int(self._get(slots, np.int32, 1)[0])
         assert 0 <= slot < n_slots
         channels = 2 * k_heads * 128 + v_heads * 128

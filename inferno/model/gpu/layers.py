@@ -7,9 +7,9 @@ launch into ws['normed']):
     normed = rmsnorm(x, input_norm)
     GDN:   [q|k|v|z] = [Wqk; Wvz] normed (one buffer: q|k|v is the conv input, z after it; one GEMV
            of the merged matrix, or two: `residency.MERGED_INPUTS`, $INFERNO_MERGE_PROJ)
-           [a|b] = Wab normed (projected inside the conv + step kernel when `Ops.fuses_gdn_ab`, else a
-           bf16 GEMV on a side branch); conv + SiLU (conv state of the slot); fused GDN step (gates,
-           l2norm, delta rule on the fp32 state of the slot, gated RMSNorm) -> mix_out
+           [a|b] = Wab normed (bf16 GEMV, on a side branch); conv + SiLU (conv state of the slot);
+           fused GDN step (gates, l2norm, delta rule on the fp32 state of the slot, gated RMSNorm)
+           -> mix_out
     attn:  [q|k|gate|v] = [Wqk; Wgv] normed (merged: one GEMV into mix_in; else q|k into mix_in and
            gate|v into gate_value); q/k norm + RoPE + K/V append to the paged cache (q, k, v read
            where the GEMVs wrote them); split-K decode attention + combine with the sigmoid gate
@@ -93,12 +93,7 @@ class DecodeProgram:
         mixer = "attention" if self.c.layer_types[i] == "full_attention" else "gdn"
         stack, halves = MERGED_INPUTS[mixer]
         readers = [p + stack] if p + stack in self.w else [p + h for h in halves]
-        return readers + ([p + "gdn/a_b_projection"] if mixer == "gdn" and not self._fuse_ab else [])
-
-    @property
-    def _fuse_ab(self) -> bool:
-        """Whether the GDN layers' conv + step kernel projects a|b itself (no a|b GEMV)."""
-        return self.ops.fuses_gdn_ab(self.c.hidden)
+        return readers + ([p + "gdn/a_b_projection"] if mixer == "gdn" else [])
 
     def _normed(self, x: str, norm: str, readers: list[str],
                 epilogue: str = "plain") -> tuple[DeviceBuffer, Norm | None]:
@@ -130,10 +125,8 @@ class DecodeProgram:
         kw, vw, hv = c.gdn_key_width, c.gdn_value_width, c.gdn_v_heads
         ab, merged = w[p + "gdn/a_b_projection"], w.get(p + MERGED_INPUTS["gdn"][0])
         mix = ws["mix_in"]
-        fuse_ab = self._fuse_ab
         with ops.side():  # the small projections overlap the large GEMV (merged q|k|v|z, or value_z)
-            if not fuse_ab:
-                ops.linear_bf16(x, ab.buf, ws["ab"], 2 * hv, c.hidden, norm=norm)
+            ops.linear_bf16(x, ab.buf, ws["ab"], 2 * hv, c.hidden, norm=norm)
             if merged is None:
                 qk = w[p + "gdn/query_key"]
                 ops.gemv(qk.fmt, "plain", qk.buf, x, mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden, tiled=qk.tiled,
@@ -146,15 +139,11 @@ class DecodeProgram:
             ops.gemv(vz.fmt, "plain", vz.buf, x, mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden,
                      tiled=vz.tiled, norm=norm)
         ops.join()
-        conv_in, conv_st, conv_w = mix.view(0, c.conv_dim * BF16), self.states.conv[i], w[p + "gdn/convolution"].buf
-        z, gates = mix.view(c.conv_dim * BF16, vw * BF16), (w[p + "gdn/a_log"].buf, w[p + "gdn/dt_bias"].buf)
-        step = (w[p + "gdn/norm"].buf, self.states.recurrent[i], self.slots, ws["gdn_sync"], ws["mix_out"],
-                c.gdn_k_heads, hv, self.n_slots)
-        if fuse_ab:
-            ops.gdn_ab_conv_step(conv_in, conv_st, conv_w, z, x, ab.buf, norm, *gates, *step, c.hidden, c.rms_eps)
-        else:
-            ops.gdn_conv_step(conv_in, conv_st, conv_w, z, ws["ab"].view(0, hv * BF16),
-                              ws["ab"].view(hv * BF16, hv * BF16), *gates, *step, c.rms_eps)
+        ops.gdn_conv_step(mix.view(0, c.conv_dim * BF16), self.states.conv[i], w[p + "gdn/convolution"].buf,
+                          mix.view(c.conv_dim * BF16, vw * BF16), ws["ab"].view(0, hv * BF16),
+                          ws["ab"].view(hv * BF16, hv * BF16), w[p + "gdn/a_log"].buf, w[p + "gdn/dt_bias"].buf,
+                          w[p + "gdn/norm"].buf, self.states.recurrent[i], self.slots, ws["gdn_sync"],
+                          ws["mix_out"], c.gdn_k_heads, hv, self.n_slots, c.rms_eps)
 
     def _attention(self, i: int, p: str, x: DeviceBuffer, norm: Norm | None) -> None:
         c, ws, ops, w, g = self.c, self.ws, self.ops, self.w, self.attn

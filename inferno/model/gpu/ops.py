@@ -43,7 +43,6 @@ class AttnGeometry:
 Norm = tuple[DeviceBuffer, float]  # (zero-centred RMSNorm weight bf16 [k], eps) a GEMV applies to x first
 
 FOLD_NORM_ENV = "INFERNO_FOLD_NORM"  # 0: a separate rmsnorm launch before the GEMVs (A/B)
-FUSE_AB_ENV = "INFERNO_FUSE_AB"  # 0: the GDN gate inputs a|b by a separate GEMV on a side branch (A/B)
 
 
 def folds_norm_shape(fmt: str, epilogue: str, tiled: bool, k: int) -> bool:
@@ -62,13 +61,6 @@ def fold_norms() -> bool:
     import os
 
     return os.environ.get(FOLD_NORM_ENV, "1") != "0"
-
-
-def fuse_ab() -> bool:
-    """The A/B switch $INFERNO_FUSE_AB (on unless 0), read when the operations are made."""
-    import os
-
-    return os.environ.get(FUSE_AB_ENV, "1") != "0"
 
 
 
@@ -99,12 +91,6 @@ class Ops(Protocol):
                       a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer, dt_bias: DeviceBuffer,
                       norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer, sync: DeviceBuffer,
                       out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, eps: float) -> None: ...
-    def fuses_gdn_ab(self, hidden: int) -> bool: ...  # gdn_ab_conv_step covers a layer input this wide
-    def gdn_ab_conv_step(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, z: DeviceBuffer,
-                         h: DeviceBuffer, w_ab: DeviceBuffer, norm: Norm | None, a_log: DeviceBuffer,
-                         dt_bias: DeviceBuffer, norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer,
-                         sync: DeviceBuffer, out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, hidden: int,
-                         eps: float) -> None: ...  # gdn_conv_step with a|b = w_ab rmsnorm(h) (norm) or w_ab h
     # attention: q_proj and gate bf16 [n_heads * head_dim] (head h at h * head_dim, as the projections
     # write them), k and v [n_kv_heads * head_dim]; q is the fp32 [n_heads, head_dim] scratch prep fills
     # q/k norm + RoPE, k and v appended to the paged cache, split-K decode into part_o / part_lse (q: the
@@ -169,7 +155,6 @@ class CudaOps:
             except ImportError as e:
                 raise _missing("GDN decode", "inferno/kernels/gdn_variants.py", f"cannot be imported ({e})") from None
             self._gdn_conv_step = GdnConvStep(load(get("gdn_conv_step"), dev))
-            self._gdn_ab_conv_step = self._optional_gdn_ab(dev)
         if config.attention_layers:
             try:
                 from inferno.kernels import attn_variants as A
@@ -366,31 +351,6 @@ class CudaOps:
                       k_heads, v_heads, n_slots, eps) -> None:
         self._gdn_conv_step(x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out, 1,
                             k_heads, v_heads, n_slots, eps, stream=self.stream)
-
-    @staticmethod
-    def _optional_gdn_ab(dev: Any) -> Any:
-        """The gdn_ab_conv_step launcher, or None when $INFERNO_FUSE_AB=0 or its kernel is not built."""
-        if not fuse_ab():
-            return None
-        from inferno.kernels.cache import load
-        from inferno.kernels.gdn_variants import GdnAbConvStep
-        from inferno.kernels.registry import get
-
-        try:
-            return GdnAbConvStep(load(get("gdn_ab_conv_step"), dev))
-        except InfernoError:
-            return None
-
-    def fuses_gdn_ab(self, hidden) -> bool:
-        """Whether gdn_ab_conv_step is loaded and projects a layer input of `hidden` values."""
-        g = getattr(self, "_gdn_ab_conv_step", None)
-        return g is not None and hidden <= g.max_hidden and hidden % 8 == 0
-
-    def gdn_ab_conv_step(self, x, conv_state, conv_w, z, h, w_ab, norm, a_log, dt_bias, norm_w, state, slots, sync,
-                         out, k_heads, v_heads, n_slots, hidden, eps) -> None:
-        in_norm, in_eps = norm if norm is not None else (None, eps)
-        self._gdn_ab_conv_step(x, conv_state, conv_w, z, h, w_ab, in_norm, a_log, dt_bias, norm_w, state, slots, sync,
-                               out, 1, k_heads, v_heads, n_slots, hidden, eps, in_eps, stream=self.stream)
 
     def attention(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse, gate,
                   out, g) -> None:

@@ -43,8 +43,8 @@ from inferno.model.config import ModelConfig
 
 BF16, F32, I32 = 2, 4, 4
 BLOCKING = frozenset({"upload", "download", "synchronize", "close"})  # host waits for the stream
-UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "fuses_gdn_ab", "marker"})  # not device work
-# (side / join: stream fork and join; folds_norm, fuses_gdn_ab: questions about the kernels; marker: a wait point)
+UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "marker"})  # not device work
+# (side / join: stream fork and join; folds_norm: a question about the kernels; marker: a wait point)
 HOST_COPIES = frozenset({"write", "read"})  # queued, timed, but never behind a held stream
 OPS_ATTRS = ("ops", "pops")  # where the executor and its programs hold device operations (Ops, PrefillOps)
 
@@ -333,15 +333,6 @@ class RecordingOps:
         fixed = window + rec + weights
         return "gdn_conv_step", Work(I32 + act + fixed, 2 * c.conv_kernel * channels + 7 * v_heads * dk * dv,
                                      fixed=fixed)
-
-    def _w_gdn_ab_conv_step(self, x, conv_state, conv_w, z, h, w_ab, norm, a_log, dt_bias, norm_w, state, slots,
-                            sync, out, k_heads, v_heads, n_slots, hidden, eps):
-        """gdn_conv_step plus the a|b projection it does: W_ab (and the input norm's weight) and h read."""
-        _, step = self._w_gdn_conv_step(x, conv_state, conv_w, z, None, None, a_log, dt_bias, norm_w, state, slots,
-                                        sync, out, k_heads, v_heads, n_slots, eps)
-        weights = 2 * v_heads * hidden * BF16 + self._norm_bytes(norm, hidden)
-        return "gdn_ab_conv_step", Work(step.bytes + weights + hidden * BF16, step.flops + 4 * v_heads * hidden,
-                                        fixed=step.fixed + weights)
 
     def _w_attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g):
         d = g.head_dim
