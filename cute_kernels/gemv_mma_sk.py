@@ -37,7 +37,7 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32, unit_tiles
+from cute_kernels.gemv_mma import BIAS, BIAS_BF16, DslOps, GemvMma, _bf16x2_sum, _s32, _sts4, b_regs, unit_tiles
 from cute_kernels.gemv_mma import base_offset, high_offset
 
 COUNTER_ALIGN = 32  # counters padded to 128 bytes before the fp32 sums
@@ -110,6 +110,7 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
+WSTAGE_RECORDS = 8  # wstage: staging records a lane has in flight (256 a warp: runs of <= 32 pairs in one trip)
 PROBES = ("", "nochain", "empty", "timeline", "nocompute")  # benchmark only (wrong results / extra writes)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
@@ -150,12 +151,15 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = ""):
+                 probe: str = "", wstage: bool = False):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
+        if wstage and (norm or cols != 1):
+            raise ValueError("wstage: T = 1 without a folded norm (the norm needs all of x in every CTA)")
         self.probe = probe
+        self.wstage = wstage  # each warp stages only its run's part of x (no CTA barrier; see _stage_run)
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
@@ -255,8 +259,12 @@ class GemvMmaSK(GemvMma):
             gv = self.load_norm_w(xsd, k, ngr)
         cute.arch.griddepcontrol_wait()
         t1 = _now() if tl else None
-        self._stage_x(xsd, k, ngr, gv)
-        cute.arch.sync_threads()
+        if cutlass.const_expr(self.wstage):
+            self._stage_run(xsd, k, ngr, npairs, b0, n)
+            cute.arch.sync_warp()
+        else:
+            self._stage_x(xsd, k, ngr, gv)
+            cute.arch.sync_threads()
         t2 = _now() if tl else None
         t3 = t2
         xsr = self._xs_lane(xsd, lane)
@@ -326,6 +334,50 @@ class GemvMmaSK(GemvMma):
                 info = (cutlass.Int64(_smid()), cutlass.Int64(b0) + (cutlass.Int64(n) << 32))
                 for e, t in enumerate((t0, t1, t2, t3, t4) + info):
                     _st_u64(at + 8 * e, t)
+
+    @cute.jit
+    def _stage_run(self, xsd, k, ngr, npairs, b0, n):
+        """(wstage) This warp stages the x records of its run's pairs only (_stage_x's layout and values; pairs
+        b % npairs of blocks b0 .. b0 + n - 1, each at most once), WSTAGE_RECORDS records a lane in flight;
+        the caller's warp barrier publishes them. Warps whose runs share a pair write the same words."""
+        mX, xsm, nbs = xsd[0], xsd[1], xsd[2]
+        lane = cute.arch.lane_idx()
+        xs0 = xsm.iterator.toint()
+        ops = DslOps()
+        n_rec = 8 * cutlass.min(n, npairs)
+        p0 = b0 - b0 // npairs * npairs
+        xv = cute.make_rmem_tensor((8, WSTAGE_RECORDS), cutlass.Int32)
+        for base in cutlass.range(0, n_rec, 32 * WSTAGE_RECORDS, unroll=1):
+            for it in cutlass.range_constexpr(WSTAGE_RECORDS):
+                j, t = self._run_record(base + 32 * it + lane, n_rec, p0, npairs)
+                self._load_records(mX, 0, j, t, k, xv, it)
+            for it in cutlass.range_constexpr(WSTAGE_RECORDS):
+                r = base + 32 * it + lane
+                j, t = self._run_record(r, n_rec, p0, npairs)
+                xw = [xv[q, it] for q in range(8)]
+                s = cutlass.Float32(0.0)
+                for q in cutlass.range_constexpr(8):
+                    s = s + _bf16x2_sum(xw[q])
+                br = b_regs(ops, self.bits, xw)
+                s = s + cute.arch.shuffle_sync_bfly(s, offset=1)
+                s = s + cute.arch.shuffle_sync_bfly(s, offset=2)
+                if r < n_rec:
+                    if j < ngr:
+                        a = xs0 + (j * 4 + t) * 32
+                        _sts4(a, [br[0][0], br[0][1], br[1][0], br[1][1]])
+                        _sts4(a + 16, [br[2][0], br[2][1], br[3][0], br[3][1]])
+                        if t == 0:
+                            nbs[j] = s * cutlass.Float32(-float(BIAS[self.bits]))
+
+    @cute.jit
+    def _run_record(self, r, n_rec, p0, npairs):
+        """(group j, quad thread t) of a run's staging record r (clamped to the last: whole quads stay in step):
+        8 records a pair, pairs from p0 on, wrapping at npairs."""
+        rr = cutlass.min(r, n_rec - 1)
+        p = p0 + rr // 8
+        if p >= npairs:
+            p = p - npairs
+        return 2 * p + rr % 8 // 4, rr % 4
 
     @cute.jit
     def _prologue(self, geo, bufs, sl, lu, lp, n, S):

@@ -6,7 +6,9 @@ GEMV (residual) reading act; each is `GemvMmaSK.body` with its own x staging and
 ring shared. There is NO synchronisation between the phases: a CTA stages act for phase B whether or not
 the other CTAs have written it, so phase B's results are wrong. What the probe measures is the upper
 bound of removing the kernel boundary between the two GEMVs (the flush chain, the grid's completion and
-the next launch): the time of the pair as two launches minus this one.
+the next launch): the time of the pair as two launches minus this one. With `wstage_b` each warp of
+phase B stages only its run's part of act (`GemvMmaSK.wstage`) and starts down as soon as its own gate_up
+run is done, with no CTA barrier: the bound for a dataflow that lets warps move on one by one.
 """
 
 import cuda.bindings.driver as cuda
@@ -21,10 +23,11 @@ class MlpProbe:
     """gate_up (bits_a, swiglu, norm) then down (bits_b, residual), `warps` warps per CTA, one CTA per SM."""
 
     def __init__(self, bits_a: int, bits_b: int, stages_a: int, stages_b: int, warps: int = 16,
-                 kmax_a: int = 8192, kmax_b: int = 18432):
+                 kmax_a: int = 8192, kmax_b: int = 18432, wstage_b: bool = False):
         self.a = GemvMmaSK(bits_a, 64, 1, "swiglu", warps=warps, stages=stages_a, ctas=1, kmax=kmax_a, cpa=True,
                            norm=True)
-        self.b = GemvMmaSK(bits_b, 64, 1, "residual", warps=warps, stages=stages_b, ctas=1, kmax=kmax_b, cpa=True)
+        self.b = GemvMmaSK(bits_b, 64, 1, "residual", warps=warps, stages=stages_b, ctas=1, kmax=kmax_b, cpa=True,
+                           wstage=wstage_b)
         self.threads = 32 * warps
 
     @cute.jit
