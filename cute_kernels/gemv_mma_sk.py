@@ -93,6 +93,27 @@ def _lds(addr, n: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def _count_acq_rel(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
+    """old = *addr; *addr += v (u32, global, acquire-release at GPU scope)."""
+    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip),
+                                          cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
+                                 "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
+
+
+@dsl_user_op
+def _ld_acquire(addr, *, loc=None, ip=None) -> cutlass.Int32:
+    """*addr (u32, global, acquire at GPU scope)."""
+    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
+                                 "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", loc, ip))
+
+
+@dsl_user_op
+def _nanosleep(ns: int, *, loc=None, ip=None):
+    """Back off about ns nanoseconds (a polling loop's pause)."""
+    _asm_se(None, [], f"nanosleep.u32 {ns};", "", loc, ip)
+
+
+@dsl_user_op
 def _zero(addr, *, loc=None, ip=None):
     """*addr = 0 (u32, global, relaxed at GPU scope)."""
     _asm_se(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)], "st.relaxed.gpu.global.u32 [$0], 0;", "l",
@@ -151,15 +172,19 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", wstage: bool = False):
+                 probe: str = "", wstage: bool = False, signal: bool = False, await_ready: bool = False):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
-        if wstage and (norm or cols != 1):
+        if (wstage or await_ready) and (norm or cols != 1):
             raise ValueError("wstage: T = 1 without a folded norm (the norm needs all of x in every CTA)")
+        if (signal or await_ready) and (cols != 1 or not cpa):
+            raise ValueError("signal / await_ready (a chain's phases): T = 1, the ring")
         self.probe = probe
-        self.wstage = wstage  # each warp stages only its run's part of x (no CTA barrier; see _stage_run)
+        self.wstage = wstage or await_ready  # each warp stages only its run's part of x (no CTA barrier; _stage_run)
+        self.signal = signal  # a chain's producer: each finished unit bumps its pair's ready counter (_finish)
+        self.await_ready = await_ready  # a chain's consumer: a warp waits for its run's pairs (_await_pairs)
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
@@ -183,9 +208,10 @@ class GemvMmaSK(GemvMma):
 
     @cute.jit
     def body(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
-             mN: cute.Tensor, eps, smem, ring=None):
+             mN: cute.Tensor, eps, smem, ring=None, ready=None):
         """The whole GEMV in the calling kernel: x staged from `smem`, the ring `ring` (an Int32 shared
-        tensor of at least ring_bytes(); None: allocated from `smem` after x)."""
+        tensor of at least ring_bytes(); None: allocated from `smem` after x); `ready` (signal / await_ready):
+        the chain's int32 ready counters, one per 128 outputs of the producer (= one pair of the consumer's K)."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
@@ -209,8 +235,11 @@ class GemvMmaSK(GemvMma):
             ring0 = ring.iterator.toint() + warp * (self.ring_slots * self.slot_bytes)
         cnt = mWs.iterator.toint()
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
+        rdy = cutlass.Int64(0)
+        if cutlass.const_expr(ready is not None):
+            rdy = ready.iterator.toint()
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
-               self._out_scale(mW, n_tiles, ngr))
+               self._out_scale(mW, n_tiles, ngr), rdy)
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
@@ -260,6 +289,8 @@ class GemvMmaSK(GemvMma):
         cute.arch.griddepcontrol_wait()
         t1 = _now() if tl else None
         if cutlass.const_expr(self.wstage):
+            if cutlass.const_expr(self.await_ready):
+                self._await_pairs(geo, b0, n)
             self._stage_run(xsd, k, ngr, npairs, b0, n)
             cute.arch.sync_warp()
         else:
@@ -350,7 +381,7 @@ class GemvMmaSK(GemvMma):
         for base in cutlass.range(0, n_rec, 32 * WSTAGE_RECORDS, unroll=1):
             for it in cutlass.range_constexpr(WSTAGE_RECORDS):
                 j, t = self._run_record(base + 32 * it + lane, n_rec, p0, npairs)
-                self._load_records(mX, 0, j, t, k, xv, it)
+                self._load_records(mX, 0, j, t, k, xv, it, ".cg" if self.await_ready else "")
             for it in cutlass.range_constexpr(WSTAGE_RECORDS):
                 r = base + 32 * it + lane
                 j, t = self._run_record(r, n_rec, p0, npairs)
@@ -368,6 +399,25 @@ class GemvMmaSK(GemvMma):
                         _sts4(a + 16, [br[2][0], br[2][1], br[3][0], br[3][1]])
                         if t == 0:
                             nbs[j] = s * cutlass.Float32(-float(BIAS[self.bits]))
+
+    @cute.jit
+    def _await_pairs(self, geo, b0, n):
+        """(await_ready) Until the producer has finished every unit feeding the pairs of this warp's run: lane i
+        polls pair (b0 + i) % npairs's counter (acquire) up to its units, 8 a pair (fewer in a ragged last)."""
+        npairs, lane, k, rdy = geo[2], geo[5], geo[6], geo[14]
+        n_p = cutlass.min(n, npairs)
+        p0 = b0 - b0 // npairs * npairs
+        units = (k + 15) // 16  # the producer's units (16 outputs each)
+        for base in cutlass.range(0, n_p, 32, unroll=1):
+            i = base + lane
+            if i < n_p:
+                p = p0 + i
+                if p >= npairs:
+                    p = p - npairs
+                need = cutlass.min(8, units - 8 * p)
+                while _ld_acquire(rdy + 4 * p) < need:
+                    _nanosleep(64)
+        cute.arch.sync_warp()
 
     @cute.jit
     def _run_record(self, r, n_rec, p0, npairs):
@@ -528,3 +578,8 @@ class GemvMmaSK(GemvMma):
                     mY[col, o] = a.to(cutlass.BFloat16)
         if lane == 0:
             _zero(cnt + u * 4)
+        if cutlass.const_expr(self.signal):  # every lane's fence releases its stores, then one count
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.sync_warp()
+            if lane == 0:
+                _count(geo[14] + 4 * (u // 8), 1)
