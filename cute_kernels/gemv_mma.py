@@ -655,10 +655,9 @@ class GemvMma:
         A thread's records are r = tidx + threads i; all their x loads are issued first (one L2
         latency for the whole staging), then decoded and stored. With `norm` the records are normed
         first (the sum of squares reduced over the CTA; gv: the norm weight's records, or loaded here)."""
-        mX, xsm, nbs = xsd[0], xsd[1], xsd[2]
+        mX = xsd[0]
         t_rows = cute.size(mX, mode=[0])
         n_rec = self.cols * ngr * 4
-        xs0 = xsm.iterator.toint()
         ops = DslOps()
         rounds = self._rounds()
         xv = cute.make_rmem_tensor((8, rounds), cutlass.Int32)
@@ -671,19 +670,26 @@ class GemvMma:
             self._norm_records(xsd, xv, gv, k, ngr)
         for it in cutlass.range_constexpr(rounds):
             r, _, t, j, c = self._record(it, ngr)
-            xw = [xv[q, it] for q in range(8)]
-            s = cutlass.Float32(0.0)
-            for q in cutlass.range_constexpr(8):
-                s = s + _bf16x2_sum(xw[q])
-            br = b_regs(ops, self.bits, xw)
-            s = s + cute.arch.shuffle_sync_bfly(s, offset=1)
-            s = s + cute.arch.shuffle_sync_bfly(s, offset=2)
-            if r < n_rec:
-                a = xs0 + ((c * self.ngmax + j) * 4 + t) * 32
-                _sts4(a, [br[0][0], br[0][1], br[1][0], br[1][1]])
-                _sts4(a + 16, [br[2][0], br[2][1], br[3][0], br[3][1]])
-                if t == 0:
-                    nbs[c * self.ngmax + j] = s * cutlass.Float32(-float(BIAS[self.bits]))
+            self.put_record(ops, xsd, [xv[q, it] for q in range(8)], c, j, t, r < n_rec)
+
+    @cute.jit
+    def put_record(self, ops, xsd, xw, c, j, t, ok):
+        """One staging record (x words xw of column c, group j, quad thread t) into shared memory when ok:
+        its B words, and from quad thread 0 the group's -bias * sum (summed over the quad by shuffles, so
+        every lane of the quad calls this, ok or not)."""
+        xsm, nbs = xsd[1], xsd[2]
+        s = cutlass.Float32(0.0)
+        for q in cutlass.range_constexpr(8):
+            s = s + _bf16x2_sum(xw[q])
+        br = b_regs(ops, self.bits, xw)
+        s = s + cute.arch.shuffle_sync_bfly(s, offset=1)
+        s = s + cute.arch.shuffle_sync_bfly(s, offset=2)
+        if ok:
+            a = xsm.iterator.toint() + ((c * self.ngmax + j) * 4 + t) * 32
+            _sts4(a, [br[0][0], br[0][1], br[1][0], br[1][1]])
+            _sts4(a + 16, [br[2][0], br[2][1], br[3][0], br[3][1]])
+            if t == 0:
+                nbs[c * self.ngmax + j] = s * cutlass.Float32(-float(BIAS[self.bits]))
 
     @cute.jit
     def _norm_records(self, xsd, xv, gv, k, ngr):

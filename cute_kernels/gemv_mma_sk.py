@@ -37,7 +37,7 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.gemv_mma import BIAS, BIAS_BF16, DslOps, GemvMma, _bf16x2_sum, _s32, _sts4, b_regs, unit_tiles
+from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32, unit_tiles
 from cute_kernels.gemv_mma import base_offset, high_offset
 
 COUNTER_ALIGN = 32  # counters padded to 128 bytes before the fp32 sums
@@ -371,9 +371,8 @@ class GemvMmaSK(GemvMma):
         """(wstage) This warp stages the x records of its run's pairs only (_stage_x's layout and values; pairs
         b % npairs of blocks b0 .. b0 + n - 1, each at most once), WSTAGE_RECORDS records a lane in flight;
         the caller's warp barrier publishes them. Warps whose runs share a pair write the same words."""
-        mX, xsm, nbs = xsd[0], xsd[1], xsd[2]
+        mX = xsd[0]
         lane = cute.arch.lane_idx()
-        xs0 = xsm.iterator.toint()
         ops = DslOps()
         n_rec = 8 * cutlass.min(n, npairs)
         p0 = b0 - b0 // npairs * npairs
@@ -382,23 +381,10 @@ class GemvMmaSK(GemvMma):
             for it in cutlass.range_constexpr(WSTAGE_RECORDS):
                 j, t = self._run_record(base + 32 * it + lane, n_rec, p0, npairs)
                 self._load_records(mX, 0, j, t, k, xv, it, ".cg" if self.await_ready else "")
-            for it in cutlass.range_constexpr(WSTAGE_RECORDS):
+            for it in cutlass.range_constexpr(WSTAGE_RECORDS):  # (a pad group past K gets zeros)
                 r = base + 32 * it + lane
                 j, t = self._run_record(r, n_rec, p0, npairs)
-                xw = [xv[q, it] for q in range(8)]
-                s = cutlass.Float32(0.0)
-                for q in cutlass.range_constexpr(8):
-                    s = s + _bf16x2_sum(xw[q])
-                br = b_regs(ops, self.bits, xw)
-                s = s + cute.arch.shuffle_sync_bfly(s, offset=1)
-                s = s + cute.arch.shuffle_sync_bfly(s, offset=2)
-                if r < n_rec:
-                    if j < ngr:
-                        a = xs0 + (j * 4 + t) * 32
-                        _sts4(a, [br[0][0], br[0][1], br[1][0], br[1][1]])
-                        _sts4(a + 16, [br[2][0], br[2][1], br[3][0], br[3][1]])
-                        if t == 0:
-                            nbs[j] = s * cutlass.Float32(-float(BIAS[self.bits]))
+                self.put_record(ops, xsd, [xv[q, it] for q in range(8)], 0, j, t, r < n_rec)
 
     @cute.jit
     def _await_pairs(self, geo, b0, n):

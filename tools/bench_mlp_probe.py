@@ -24,38 +24,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inferno.kernels.registry import Scalar, Tensor, Variant  # noqa: E402
 
+MODES = ("nosync", "nosync_ws", "chain")  # cute_kernels/mlp_probe.MODES (not imported: no DSL needed here)
+
 GATE_UP, DOWN = (34816, 5120), (5120, 17408)
 
 
-def probe_variant(wstage_b: bool = False) -> Variant:
-    """The probe kernel as a (benchmark-only, unregistered) variant; `wstage_b`: down's x staged per warp."""
+def probe_variant(mode: str = "nosync") -> Variant:
+    """The MLP in one launch (`cute_kernels/mlp_probe.MlpProbe`, mode "nosync", "nosync_ws" or "chain") as a
+    (benchmark-only, unregistered) variant."""
     return Variant(
-        name="mlp_probe_q4_q5" + ("_ws" if wstage_b else ""), op="mlp_probe", source="cute_kernels.mlp_probe",
-        cls="MlpProbe", config=dict(bits_a=4, bits_b=5, stages_a=2, stages_b=3, warps=16,
-                                    **({"wstage_b": True} if wstage_b else {})),
+        name="mlp_probe_q4_q5" + {"nosync": "", "nosync_ws": "_ws", "chain": "_chain"}[mode], op="mlp_probe",
+        source="cute_kernels.mlp_probe", cls="MlpProbe",
+        config=dict(bits_a=4, bits_b=5, stages_a=2, stages_b=3, warps=16, **({"mode": mode} if mode != "nosync" else {})),
         archs=("sm_90a",),
         args=(Tensor("wa", "i32", ("WLA",), (1,)), Tensor("x", "bf16", ("T", "K"), ("x_stride", 1)),
               Tensor("nw", "bf16", ("K",), (1,)), Scalar("eps", "f32"),
               Tensor("act", "bf16", ("T", "I"), ("act_stride", 1)), Tensor("wb", "i32", ("WLB",), (1,)),
               Tensor("r", "bf16", ("T", "K"), ("r_stride", 1)), Tensor("y", "bf16", ("T", "K"), ("y_stride", 1)),
-              Tensor("wsa", "i32", ("WSA",), (1,)), Tensor("wsb", "i32", ("WSB",), (1,))),
+              Tensor("wsa", "i32", ("WSA",), (1,)), Tensor("wsb", "i32", ("WSB",), (1,)),
+              Tensor("ready", "i32", ("NR",), (1,))),
         grid=("SMS", "1", "1"), divisibility={"K": 8, "I": 8, "x_stride": 8, "act_stride": 8}, pdl=True,
-        summary="timing probe: gate_up (norm) then down in one launch, no synchronisation (wrong results)")
+        summary=f"benchmark: gate_up (norm) then down in one launch ({mode})")
 
 
-def chain_variant() -> Variant:
-    """The chained MLP (`cute_kernels/mlp_chain.MlpChain`: correct results, slices handed over by counters) as a
-    (benchmark-only, unregistered) variant: the probe's arguments plus the ready counters."""
-    v = probe_variant()
-    return Variant(
-        name="mlp_chain_q4_q5", op="mlp_chain", source="cute_kernels.mlp_chain", cls="MlpChain",
-        config=dict(bits_a=4, bits_b=5, stages_a=2, stages_b=3, warps=16), archs=v.archs,
-        args=(*v.args, Tensor("ready", "i32", ("NR",), (1,))), grid=v.grid, divisibility=v.divisibility, pdl=True,
-        summary="benchmark: gate_up (norm) then down in one launch, act handed over in 128-value slices")
-
-
-def chain_args(wa, x, nw, eps, act, wb, r, y, wsa, wsb, ready, h: int, inter: int) -> list:
-    """MlpChain's launch arguments (device buffers; h = hidden, inter = the MLP's intermediate width)."""
+def probe_args(wa, x, nw, eps, act, wb, r, y, wsa, wsb, ready, h: int, inter: int) -> list:
+    """MlpProbe's launch arguments (device buffers; h = hidden, inter = the MLP's intermediate width)."""
     from inferno.cuda.params import TensorArg
 
     return [TensorArg(wa.ptr, (wa.nbytes // 4,)), TensorArg(x.ptr, (1, h), (h,)), TensorArg(nw.ptr, (h,)), eps,
@@ -72,8 +65,8 @@ def main() -> None:
     if a.build:
         from inferno.kernels.build import build_variant
 
-        for v in (probe_variant(False), probe_variant(True), chain_variant()):
-            build_variant(v, "sm_90a", Path(a.build))
+        for mode in MODES:
+            build_variant(probe_variant(mode), "sm_90a", Path(a.build))
         return
     from bench_gemv import Weights, open_bench, timed
 
@@ -81,7 +74,6 @@ def main() -> None:
     from inferno.cuda.graph import Graph
     from inferno.cuda.launch import launch
     from inferno.cuda.memory import device_alloc
-    from inferno.cuda.params import TensorArg
     from inferno.kernels import gemv_mma_variants as mv
     from inferno.kernels import qlayout as ql
     from inferno.kernels.cache import load
@@ -97,8 +89,7 @@ def main() -> None:
     memset_d8(r, 0)
     gate_up = mv.GemvMmaSK(load(mv.make_sk_variant("Q4G64_F16S", "swiglu", norm=True), dev))
     down = mv.GemvMmaSK(load(mv.make_sk_variant("Q5G64_F16S", "residual"), dev))
-    probes = [load(probe_variant(ws), dev) for ws in (False, True)]
-    chain = load(chain_variant(), dev)
+    probes = {mode: load(probe_variant(mode), dev) for mode in MODES}
     ready = device_alloc(4 * (inter // 128 + 1), "ready")
     memset_d8(ready, 0)
     wsa = device_alloc(mv.sk_workspace_bytes(inter, n_a, 1), "wsa")
@@ -113,20 +104,15 @@ def main() -> None:
     def run_down(i):
         down(wb.bufs[i % len(wb.bufs)], act, y, h, inter, 1, r=r, stream=stream)
 
-    def run_probe(i, probe):
-        args = [TensorArg(wa.bufs[i % len(wa.bufs)].ptr, (wa.nbytes // 4,)), TensorArg(x.ptr, (1, h), (h,)),
-                TensorArg(nw.ptr, (h,)), 1e-6, TensorArg(act.ptr, (1, inter), (inter,)),
-                TensorArg(wb.bufs[i % len(wb.bufs)].ptr, (wb.nbytes // 4,)), TensorArg(r.ptr, (1, h), (h,)),
-                TensorArg(y.ptr, (1, h), (h,)), TensorArg(wsa.ptr, (wsa.nbytes // 4,)),
-                TensorArg(wsb.ptr, (wsb.nbytes // 4,))]
+    def run_probe(i, mode):
+        probe = probes[mode]
+        args = probe_args(wa.bufs[i % len(wa.bufs)], x, nw, 1e-6, act, wb.bufs[i % len(wb.bufs)], r, y, wsa, wsb, ready,
+                          h, inter)
         launch(probe.kernel, (dev.sm_count, 1, 1), probe.manifest.block, probe.layout.pack(args),
                probe.manifest.smem, stream)
 
     def run_chain(i):
-        args = chain_args(wa.bufs[i % len(wa.bufs)], x, nw, 1e-6, act, wb.bufs[i % len(wb.bufs)], r, y, wsa, wsb, ready,
-                          h, inter)
-        launch(chain.kernel, (dev.sm_count, 1, 1), chain.manifest.block, chain.layout.pack(args),
-               chain.manifest.smem, stream)
+        run_probe(i, "chain")
 
     def y_after(*steps) -> np.ndarray:
         memset_d8(y, 0xFF)
@@ -156,8 +142,8 @@ def main() -> None:
     floor = (wa.nbytes + wb.nbytes) / copy / 1e3
     rows = [("gate_up alone", per_mlp(run_gate_up)), ("down alone", per_mlp(run_down)),
             ("gate_up + down (two launches)", per_mlp(run_gate_up, run_down)),
-            ("probe: one launch, no sync", per_mlp(lambda i: run_probe(i, probes[0]))),
-            ("probe: one launch, no sync, down's x staged per warp", per_mlp(lambda i: run_probe(i, probes[1]))),
+            ("probe: one launch, no sync", per_mlp(lambda i: run_probe(i, "nosync"))),
+            ("probe: one launch, no sync, down's x staged per warp", per_mlp(lambda i: run_probe(i, "nosync_ws"))),
             ("chain: one launch, act handed over in slices (correct)", per_mlp(run_chain))]
     print(f"\ncopy {copy:.0f} GB/s; {dev.name}; PDL {'on' if a.pdl else 'off'}; weights {(wa.nbytes + wb.nbytes) / 1e6:.1f} MB,"
           f" floor {floor:.1f} us per MLP")

@@ -1,5 +1,6 @@
-"""GPU: the chained MLP (`cute_kernels/mlp_chain.py`, tools/bench_mlp_probe.py's `chain_variant`: gate_up and
-down in one launch, act handed over in 128-value slices by counters) vs the numpy model: fresh random
+"""GPU: the chained MLP (`cute_kernels/mlp_probe.py` in mode "chain", tools/bench_mlp_probe.py's
+`probe_variant("chain")`: gate_up and down in one launch, act handed over in 128-value slices by counters)
+vs the numpy model: fresh random
 weights and inputs each launch, act and y poisoned before it, the ready counters back at zero after it.
 Build the cubin with `python tools/bench_mlp_probe.py --build $INFERNO_KERNEL_DIR`."""
 
@@ -32,7 +33,7 @@ def _tool():
                          ids=["even", "ragged-pair", "ragged-unit", "27B"])
 def test_chain_matches_the_model(device, rng, h, inter):
     tool = _tool()
-    v = tool.chain_variant()
+    v = tool.probe_variant("chain")
     if stale_reason(v, device.arch) is not None and importlib.util.find_spec("cutlass") is None:
         pytest.skip("the chain's cubin is not built: python tools/bench_mlp_probe.py --build $INFERNO_KERNEL_DIR")
     chain = load(v, device)
@@ -57,7 +58,7 @@ def test_chain_matches_the_model(device, rng, h, inter):
             wa, dx, dnw, wb, dr = dev_in
             memset_d8(act, 0xFF)
             memset_d8(y, 0xFF)
-            args = tool.chain_args(wa, dx, dnw, eps, act, wb, dr, y, wsa, wsb, ready, h, inter)
+            args = tool.probe_args(wa, dx, dnw, eps, act, wb, dr, y, wsa, wsb, ready, h, inter)
             launch(chain.kernel, (device.sm_count, 1, 1), chain.manifest.block, chain.layout.pack(args),
                    chain.manifest.smem, None)
             device.synchronize()
