@@ -56,11 +56,11 @@ def _red_add(addr, v, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def _count(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
-    """old = *addr; *addr += v (u32, global, relaxed at GPU scope: fences order it)."""
+def _count(addr, v, sem: str = "relaxed", *, loc=None, ip=None) -> cutlass.Int32:
+    """old = *addr; *addr += v (u32, global, at GPU scope; relaxed: fences order it, or "acq_rel")."""
     return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip),
                                           cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
-                                 "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
+                                 f"atom.{sem}.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
 
 
 @dsl_user_op
@@ -90,14 +90,6 @@ def _lds(addr, n: int, *, loc=None, ip=None):
     if n == 1:
         return [cutlass.Int32(r)]
     return [cutlass.Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(n)]
-
-
-@dsl_user_op
-def _count_acq_rel(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
-    """old = *addr; *addr += v (u32, global, acquire-release at GPU scope)."""
-    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip),
-                                          cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
-                                 "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
 
 
 @dsl_user_op

@@ -22,7 +22,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from cute_kernels.gemv_mma_sk import GemvMmaSK, _count_acq_rel
+from cute_kernels.gemv_mma_sk import GemvMmaSK, _count
 
 MODES = ("nosync", "nosync_ws", "chain")
 
@@ -66,6 +66,6 @@ class MlpProbe:
             nctas, _, _ = cute.arch.grid_dim()
             if tidx == 0:
                 n = cute.size(mReady, mode=[0])
-                if _count_acq_rel(mReady.iterator.toint() + 4 * (n - 1), 1) == nctas - 1:
+                if _count(mReady.iterator.toint() + 4 * (n - 1), 1, "acq_rel") == nctas - 1:
                     for i in cutlass.range(n, unroll=1):
                         mReady[i] = 0
