@@ -25,6 +25,13 @@ counter, so `ws` is all zero again after every launch.
 ws layout (int32 words): counters [align_up(units, 32)], then fp32 sums [cols, Nw] (Nw = rows of
 W: M, swiglu 2 I). The launcher owns and zeroes it once.
 
+Benchmark options (not in the executor yet): `wstage` (the `_ws` alternative) has each warp stage only
+the x records of its own run's pairs and go on after a warp barrier, not the CTA's (no folded norm: the
+norm needs all of x); `signal` / `await_ready` make the two phases of a chain in one launch
+(cute_kernels/mlp_probe.py, mode "chain"): the producer's unit finishers bump a ready counter per 128
+outputs, the consumer's warps wait (acquire) for the counters of the pairs their runs read and stage
+them per warp from L2.
+
 Rows a unit owns (each weight row is added by exactly one unit): plain / residual the rows of its
 tile below M; swiglu the gate rows 16 u .. 16 u + 15 below I and the up rows I + 16 u .. of its
 up tiles below 2 I (a second up tile only when it differs from the first).
