@@ -293,9 +293,9 @@ def _ldw(addr, n: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def _ldx(addr, cache: str = "", *, loc=None, ip=None):
-    """x: 16 bytes, cached (the CTA's warps share it), or with `cache` ".cg" from L2 only."""
-    return _ld(addr, 4, cache, loc, ip)
+def _ldx(addr, *, loc=None, ip=None):
+    """x: 16 bytes, cached (the CTA's warps share it)."""
+    return _ld(addr, 4, "", loc, ip)
 
 
 @dsl_user_op
@@ -625,15 +625,15 @@ class GemvMma:
         return r, rr, rr % 4, rr // 4 % ngr, rr // (4 * ngr)
 
     @cute.jit
-    def _load_records(self, mT, col, j, t, k, xv, it, cache: str = ""):
+    def _load_records(self, mT, col, j, t, k, xv, it):
         """The 16 bf16 of group j, quad thread t of row `col` of mT (1-D: col ignored) into xv[:, it]
-        (zero past K); `cache` ".cg": from L2 (x written during this launch by other SMs)."""
+        (zero past K)."""
         ptr = mT.iterator
         if cutlass.const_expr(cute.rank(mT.layout) == 2):
             ptr = mT.iterator + cute.crd2idx((col, 0), mT.layout)
         for h in cutlass.range_constexpr(2):
             e = j * 64 + 16 * t + 8 * h
-            v = _ldx((ptr + cutlass.min(e, k - 8)).toint(), cache)
+            v = _ldx((ptr + cutlass.min(e, k - 8)).toint())
             keep = cutlass.Int32(0) - cutlass.Int32(e < k)  # all ones inside K
             for q in cutlass.range_constexpr(4):
                 xv[4 * h + q, it] = v[q] & keep

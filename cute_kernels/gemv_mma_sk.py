@@ -25,13 +25,6 @@ counter, so `ws` is all zero again after every launch.
 ws layout (int32 words): counters [align_up(units, 32)], then fp32 sums [cols, Nw] (Nw = rows of
 W: M, swiglu 2 I). The launcher owns and zeroes it once.
 
-Benchmark options (not in the executor yet): `wstage` (the `_ws` alternative) has each warp stage only
-the x records of its own run's pairs and go on after a warp barrier, not the CTA's (no folded norm: the
-norm needs all of x); `signal` / `await_ready` make the two phases of a chain in one launch
-(cute_kernels/mlp_probe.py, mode "chain"): the producer's unit finishers bump a ready counter per 128
-outputs, the consumer's warps wait (acquire) for the counters of the pairs their runs read and stage
-them per warp from L2.
-
 Rows a unit owns (each weight row is added by exactly one unit): plain / residual the rows of its
 tile below M; swiglu the gate rows 16 u .. 16 u + 15 below I and the up rows I + 16 u .. of its
 up tiles below 2 I (a second up tile only when it differs from the first).
@@ -63,11 +56,11 @@ def _red_add(addr, v, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def _count(addr, v, sem: str = "relaxed", *, loc=None, ip=None) -> cutlass.Int32:
-    """old = *addr; *addr += v (u32, global, at GPU scope; relaxed: fences order it, or "acq_rel")."""
+def _count(addr, v, *, loc=None, ip=None) -> cutlass.Int32:
+    """old = *addr; *addr += v (u32, global, relaxed at GPU scope: fences order it)."""
     return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip),
                                           cutlass.Int32(v).ir_value(loc=loc, ip=ip)],
-                                 f"atom.{sem}.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
+                                 "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", loc, ip))
 
 
 @dsl_user_op
@@ -100,19 +93,6 @@ def _lds(addr, n: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def _ld_acquire(addr, *, loc=None, ip=None) -> cutlass.Int32:
-    """*addr (u32, global, acquire at GPU scope)."""
-    return cutlass.Int32(_asm_se(T.i32(), [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)],
-                                 "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", loc, ip))
-
-
-@dsl_user_op
-def _nanosleep(ns: int, *, loc=None, ip=None):
-    """Back off about ns nanoseconds (a polling loop's pause)."""
-    _asm_se(None, [], f"nanosleep.u32 {ns};", "", loc, ip)
-
-
-@dsl_user_op
 def _zero(addr, *, loc=None, ip=None):
     """*addr = 0 (u32, global, relaxed at GPU scope)."""
     _asm_se(None, [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)], "st.relaxed.gpu.global.u32 [$0], 0;", "l",
@@ -130,7 +110,6 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
-WSTAGE_RECORDS = 8  # wstage: staging records a lane has in flight (256 a warp: runs of <= 32 pairs in one trip)
 PROBES = ("", "nochain", "empty", "timeline", "nocompute")  # benchmark only (wrong results / extra writes)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
@@ -171,19 +150,12 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", wstage: bool = False, signal: bool = False, await_ready: bool = False):
+                 probe: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
-        if (wstage or await_ready) and (norm or cols != 1):
-            raise ValueError("wstage: T = 1 without a folded norm (the norm needs all of x in every CTA)")
-        if (signal or await_ready) and (cols != 1 or not cpa):
-            raise ValueError("signal / await_ready (a chain's phases): T = 1, the ring")
         self.probe = probe
-        self.wstage = wstage or await_ready  # each warp stages only its run's part of x (no CTA barrier; _stage_run)
-        self.signal = signal  # a chain's producer: each finished unit bumps its pair's ready counter (_finish)
-        self.await_ready = await_ready  # a chain's consumer: a warp waits for its run's pairs (_await_pairs)
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256
@@ -207,10 +179,9 @@ class GemvMmaSK(GemvMma):
 
     @cute.jit
     def body(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
-             mN: cute.Tensor, eps, smem, ring=None, ready=None):
+             mN: cute.Tensor, eps, smem, ring=None):
         """The whole GEMV in the calling kernel: x staged from `smem`, the ring `ring` (an Int32 shared
-        tensor of at least ring_bytes(); None: allocated from `smem` after x); `ready` (signal / await_ready):
-        the chain's int32 ready counters, one per 128 outputs of the producer (= one pair of the consumer's K)."""
+        tensor of at least ring_bytes(); None: allocated from `smem` after x)."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
@@ -234,11 +205,8 @@ class GemvMmaSK(GemvMma):
             ring0 = ring.iterator.toint() + warp * (self.ring_slots * self.slot_bytes)
         cnt = mWs.iterator.toint()
         part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
-        rdy = cutlass.Int64(0)
-        if cutlass.const_expr(ready is not None):
-            rdy = ready.iterator.toint()
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
-               self._out_scale(mW, n_tiles, ngr), rdy)
+               self._out_scale(mW, n_tiles, ngr))
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
@@ -287,14 +255,8 @@ class GemvMmaSK(GemvMma):
             gv = self.load_norm_w(xsd, k, ngr)
         cute.arch.griddepcontrol_wait()
         t1 = _now() if tl else None
-        if cutlass.const_expr(self.wstage):
-            if cutlass.const_expr(self.await_ready):
-                self._await_pairs(geo, b0, n)
-            self._stage_run(xsd, k, ngr, npairs, b0, n)
-            cute.arch.sync_warp()
-        else:
-            self._stage_x(xsd, k, ngr, gv)
-            cute.arch.sync_threads()
+        self._stage_x(xsd, k, ngr, gv)
+        cute.arch.sync_threads()
         t2 = _now() if tl else None
         t3 = t2
         xsr = self._xs_lane(xsd, lane)
@@ -364,55 +326,6 @@ class GemvMmaSK(GemvMma):
                 info = (cutlass.Int64(_smid()), cutlass.Int64(b0) + (cutlass.Int64(n) << 32))
                 for e, t in enumerate((t0, t1, t2, t3, t4) + info):
                     _st_u64(at + 8 * e, t)
-
-    @cute.jit
-    def _stage_run(self, xsd, k, ngr, npairs, b0, n):
-        """(wstage) This warp stages the x records of its run's pairs only (_stage_x's layout and values; pairs
-        b % npairs of blocks b0 .. b0 + n - 1, each at most once), WSTAGE_RECORDS records a lane in flight;
-        the caller's warp barrier publishes them. Warps whose runs share a pair write the same words."""
-        mX = xsd[0]
-        lane = cute.arch.lane_idx()
-        ops = DslOps()
-        n_rec = 8 * cutlass.min(n, npairs)
-        p0 = b0 - b0 // npairs * npairs
-        xv = cute.make_rmem_tensor((8, WSTAGE_RECORDS), cutlass.Int32)
-        for base in cutlass.range(0, n_rec, 32 * WSTAGE_RECORDS, unroll=1):
-            for it in cutlass.range_constexpr(WSTAGE_RECORDS):
-                j, t = self._run_record(base + 32 * it + lane, n_rec, p0, npairs)
-                self._load_records(mX, 0, j, t, k, xv, it, ".cg" if self.await_ready else "")
-            for it in cutlass.range_constexpr(WSTAGE_RECORDS):  # (a pad group past K gets zeros)
-                r = base + 32 * it + lane
-                j, t = self._run_record(r, n_rec, p0, npairs)
-                self.put_record(ops, xsd, [xv[q, it] for q in range(8)], 0, j, t, r < n_rec)
-
-    @cute.jit
-    def _await_pairs(self, geo, b0, n):
-        """(await_ready) Until the producer has finished every unit feeding the pairs of this warp's run: lane i
-        polls pair (b0 + i) % npairs's counter (acquire) up to its units, 8 a pair (fewer in a ragged last)."""
-        npairs, lane, k, rdy = geo[2], geo[5], geo[6], geo[14]
-        n_p = cutlass.min(n, npairs)
-        p0 = b0 - b0 // npairs * npairs
-        units = (k + 15) // 16  # the producer's units (16 outputs each)
-        for base in cutlass.range(0, n_p, 32, unroll=1):
-            i = base + lane
-            if i < n_p:
-                p = p0 + i
-                if p >= npairs:
-                    p = p - npairs
-                need = cutlass.min(8, units - 8 * p)
-                while _ld_acquire(rdy + 4 * p) < need:
-                    _nanosleep(64)
-        cute.arch.sync_warp()
-
-    @cute.jit
-    def _run_record(self, r, n_rec, p0, npairs):
-        """(group j, quad thread t) of a run's staging record r (clamped to the last: whole quads stay in step):
-        8 records a pair, pairs from p0 on, wrapping at npairs."""
-        rr = cutlass.min(r, n_rec - 1)
-        p = p0 + rr // 8
-        if p >= npairs:
-            p = p - npairs
-        return 2 * p + rr % 8 // 4, rr % 4
 
     @cute.jit
     def _prologue(self, geo, bufs, sl, lu, lp, n, S):
@@ -563,8 +476,3 @@ class GemvMmaSK(GemvMma):
                     mY[col, o] = a.to(cutlass.BFloat16)
         if lane == 0:
             _zero(cnt + u * 4)
-        if cutlass.const_expr(self.signal):  # every lane's fence releases its stores, then one count
-            cute.arch.fence_acq_rel_gpu()
-            cute.arch.sync_warp()
-            if lane == 0:
-                _count(geo[14] + 4 * (u // 8), 1)

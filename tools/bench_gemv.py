@@ -200,7 +200,7 @@ def main() -> None:
                     help="per-warp timeline of the 27B stream-K shapes (the `timeline` probe; build with --probe)")
     ap.add_argument("--sk", action="append", default=[], metavar="KEY=VALUE",
                     help="--probe / --timeline: the probes of the stream-K member with this ring option "
-                         "(stages=N, ctas=N, warps=N, wstage=1: x staged per warp)")
+                         "(stages=N, ctas=N, warps=N)")
     a = ap.parse_args()
     a.ring = ring_options(a.sk)
     if a.timeline:
@@ -304,13 +304,13 @@ def probe_cases(ring: dict) -> list:
 
 
 def ring_options(pairs: list[str]) -> dict:
-    """`--sk KEY=VALUE` pairs as make_sk_variant's ring options (stages=N, ctas=N, warps=N, wstage=0|1)."""
+    """`--sk KEY=VALUE` pairs as make_sk_variant's ring options (stages=N, ctas=N, warps=N)."""
     out = {}
     for kv in pairs:
         key, sep, val = kv.partition("=")
-        if not sep or key not in ("stages", "ctas", "warps", "wstage") or not val.isdigit():
-            raise SystemExit(f"--sk takes stages=N, ctas=N, warps=N or wstage=0|1; not {kv!r}")
-        out[key] = bool(int(val)) if key == "wstage" else int(val)
+        if not sep or key not in ("stages", "ctas", "warps") or not val.isdigit():
+            raise SystemExit(f"--sk takes stages=N, ctas=N or warps=N; not {kv!r}")
+        out[key] = int(val)
     return out
 
 

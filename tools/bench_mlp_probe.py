@@ -7,9 +7,8 @@ On the 27B MLP shapes (gate_up Q4 [34816x5120] with the RMSNorm folded in, down 
 CUDA graphs of >= 24 MLPs over >= 512 MB of weight copies, median of 15 (tools/bench_gemv.py's method):
 the two stream-K launches the executor makes (`gemv_mma_q4_t1_swiglu_n_sk`, `gemv_mma_q5_t1_res_sk`), each
 alone, and `cute_kernels/mlp_probe.MlpProbe`: both GEMVs in one persistent launch with no synchronisation
-between them (its down reads whatever act holds), as built (a CTA stages act for down once all its warps
-are done with gate_up) and with each warp staging its own part of act and moving on alone (`_ws`). The
-pair minus a probe is the most that kind of dataflow between the two GEMVs could save per MLP.
+between them (its down reads whatever act holds). The pair minus the probe is the most any dataflow
+between the two GEMVs could save per MLP.
 """
 
 from __future__ import annotations
@@ -24,37 +23,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inferno.kernels.registry import Scalar, Tensor, Variant  # noqa: E402
 
-MODES = ("nosync", "nosync_ws", "chain")  # cute_kernels/mlp_probe.MODES (not imported: no DSL needed here)
-
 GATE_UP, DOWN = (34816, 5120), (5120, 17408)
 
 
-def probe_variant(mode: str = "nosync") -> Variant:
-    """The MLP in one launch (`cute_kernels/mlp_probe.MlpProbe`, mode "nosync", "nosync_ws" or "chain") as a
-    (benchmark-only, unregistered) variant."""
+def probe_variant() -> Variant:
+    """The probe kernel as a (benchmark-only, unregistered) variant."""
     return Variant(
-        name="mlp_probe_q4_q5" + {"nosync": "", "nosync_ws": "_ws", "chain": "_chain"}[mode], op="mlp_probe",
-        source="cute_kernels.mlp_probe", cls="MlpProbe",
-        config=dict(bits_a=4, bits_b=5, stages_a=2, stages_b=3, warps=16, **({"mode": mode} if mode != "nosync" else {})),
+        name="mlp_probe_q4_q5", op="mlp_probe", source="cute_kernels.mlp_probe", cls="MlpProbe",
+        config=dict(bits_a=4, bits_b=5, stages_a=2, stages_b=3, warps=16),
         archs=("sm_90a",),
         args=(Tensor("wa", "i32", ("WLA",), (1,)), Tensor("x", "bf16", ("T", "K"), ("x_stride", 1)),
               Tensor("nw", "bf16", ("K",), (1,)), Scalar("eps", "f32"),
               Tensor("act", "bf16", ("T", "I"), ("act_stride", 1)), Tensor("wb", "i32", ("WLB",), (1,)),
               Tensor("r", "bf16", ("T", "K"), ("r_stride", 1)), Tensor("y", "bf16", ("T", "K"), ("y_stride", 1)),
-              Tensor("wsa", "i32", ("WSA",), (1,)), Tensor("wsb", "i32", ("WSB",), (1,)),
-              Tensor("ready", "i32", ("NR",), (1,))),
+              Tensor("wsa", "i32", ("WSA",), (1,)), Tensor("wsb", "i32", ("WSB",), (1,))),
         grid=("SMS", "1", "1"), divisibility={"K": 8, "I": 8, "x_stride": 8, "act_stride": 8}, pdl=True,
-        summary=f"benchmark: gate_up (norm) then down in one launch ({mode})")
-
-
-def probe_args(wa, x, nw, eps, act, wb, r, y, wsa, wsb, ready, h: int, inter: int) -> list:
-    """MlpProbe's launch arguments (device buffers; h = hidden, inter = the MLP's intermediate width)."""
-    from inferno.cuda.params import TensorArg
-
-    return [TensorArg(wa.ptr, (wa.nbytes // 4,)), TensorArg(x.ptr, (1, h), (h,)), TensorArg(nw.ptr, (h,)), eps,
-            TensorArg(act.ptr, (1, inter), (inter,)), TensorArg(wb.ptr, (wb.nbytes // 4,)),
-            TensorArg(r.ptr, (1, h), (h,)), TensorArg(y.ptr, (1, h), (h,)), TensorArg(wsa.ptr, (wsa.nbytes // 4,)),
-            TensorArg(wsb.ptr, (wsb.nbytes // 4,)), TensorArg(ready.ptr, (ready.nbytes // 4,))]
+        summary="timing probe: gate_up (norm) then down in one launch, no synchronisation (wrong results)")
 
 
 def main() -> None:
@@ -65,15 +49,15 @@ def main() -> None:
     if a.build:
         from inferno.kernels.build import build_variant
 
-        for mode in MODES:
-            build_variant(probe_variant(mode), "sm_90a", Path(a.build))
+        build_variant(probe_variant(), "sm_90a", Path(a.build))
         return
     from bench_gemv import Weights, open_bench, timed
 
-    from inferno.cuda.copy import from_device, memset_d8, to_device
+    from inferno.cuda.copy import memset_d8, to_device
     from inferno.cuda.graph import Graph
     from inferno.cuda.launch import launch
     from inferno.cuda.memory import device_alloc
+    from inferno.cuda.params import TensorArg
     from inferno.kernels import gemv_mma_variants as mv
     from inferno.kernels import qlayout as ql
     from inferno.kernels.cache import load
@@ -89,9 +73,7 @@ def main() -> None:
     memset_d8(r, 0)
     gate_up = mv.GemvMmaSK(load(mv.make_sk_variant("Q4G64_F16S", "swiglu", norm=True), dev))
     down = mv.GemvMmaSK(load(mv.make_sk_variant("Q5G64_F16S", "residual"), dev))
-    probes = {mode: load(probe_variant(mode), dev) for mode in MODES}
-    ready = device_alloc(4 * (inter // 128 + 1), "ready")
-    memset_d8(ready, 0)
+    probe = load(probe_variant(), dev)
     wsa = device_alloc(mv.sk_workspace_bytes(inter, n_a, 1), "wsa")
     wsb = device_alloc(mv.sk_workspace_bytes(h, h, 1), "wsb")
     memset_d8(wsa, 0)
@@ -104,22 +86,14 @@ def main() -> None:
     def run_down(i):
         down(wb.bufs[i % len(wb.bufs)], act, y, h, inter, 1, r=r, stream=stream)
 
-    def run_probe(i, mode):
-        probe = probes[mode]
-        args = probe_args(wa.bufs[i % len(wa.bufs)], x, nw, 1e-6, act, wb.bufs[i % len(wb.bufs)], r, y, wsa, wsb, ready,
-                          h, inter)
+    def run_probe(i):
+        args = [TensorArg(wa.bufs[i % len(wa.bufs)].ptr, (wa.nbytes // 4,)), TensorArg(x.ptr, (1, h), (h,)),
+                TensorArg(nw.ptr, (h,)), 1e-6, TensorArg(act.ptr, (1, inter), (inter,)),
+                TensorArg(wb.bufs[i % len(wb.bufs)].ptr, (wb.nbytes // 4,)), TensorArg(r.ptr, (1, h), (h,)),
+                TensorArg(y.ptr, (1, h), (h,)), TensorArg(wsa.ptr, (wsa.nbytes // 4,)),
+                TensorArg(wsb.ptr, (wsb.nbytes // 4,))]
         launch(probe.kernel, (dev.sm_count, 1, 1), probe.manifest.block, probe.layout.pack(args),
                probe.manifest.smem, stream)
-
-    def run_chain(i):
-        run_probe(i, "chain")
-
-    def y_after(*steps) -> np.ndarray:
-        memset_d8(y, 0xFF)
-        for s in steps:
-            s(0)
-        stream.synchronize()
-        return from_device(y, bf16, (h,)).astype(np.float32)
 
     def per_mlp(*steps) -> float:
         for s in steps:
@@ -137,28 +111,16 @@ def main() -> None:
         return 1000 * ms / pairs
 
     floor = (wa.nbytes + wb.nbytes) / copy / 1e3
+    rows = [("gate_up alone", per_mlp(run_gate_up)), ("down alone", per_mlp(run_down)),
+            ("gate_up + down (two launches)", per_mlp(run_gate_up, run_down)),
+            ("probe: one launch, no sync", per_mlp(run_probe))]
     print(f"\ncopy {copy:.0f} GB/s; {dev.name}; PDL {'on' if a.pdl else 'off'}; weights {(wa.nbytes + wb.nbytes) / 1e6:.1f} MB,"
           f" floor {floor:.1f} us per MLP")
     print("| launches per MLP | us per MLP | % of copy |")
-    print("|---|---|---|", flush=True)
-    cases = [("gate_up alone", (run_gate_up,)), ("down alone", (run_down,)),
-             ("gate_up + down (two launches)", (run_gate_up, run_down)),
-             ("probe: one launch, no sync", (lambda i: run_probe(i, "nosync"),)),
-             ("probe: one launch, no sync, down's x staged per warp", (lambda i: run_probe(i, "nosync_ws"),)),
-             ("chain: one launch, act handed over in slices (correct)", (run_chain,))]
-    us = {}
-    for name, steps in cases:  # a row at a time: a hung chain leaves the rows before it printed
-        if name.startswith("chain"):
-            want, got = y_after(run_gate_up, run_down), y_after(run_chain)
-            ok = np.all(np.isfinite(got))
-            err = float(np.linalg.norm(got - want) / np.linalg.norm(want)) if ok else float("inf")
-            print(f"(the chain's y against the two launches': relative error {err:.2e})", flush=True)
-        us[name] = per_mlp(*steps)
-        print(f"| {name} | {us[name]:.1f} | {100 * floor / us[name] if 'alone' not in name else float('nan'):.0f} |",
-              flush=True)
-    two = us["gate_up + down (two launches)"]
-    print(f"\nsaved per MLP against the two launches: {two - us[cases[3][0]]:.1f} us (no sync, CTA staging; an upper "
-          f"bound), {two - us[cases[4][0]]:.1f} (no sync, warps moving on alone), {two - us[cases[5][0]]:.1f} (the chain)")
+    print("|---|---|---|")
+    for name, us in rows:
+        print(f"| {name} | {us:.1f} | {100 * floor / us if 'alone' not in name else float('nan'):.0f} |")
+    print(f"\nupper bound of the boundary's cost: {rows[2][1] - rows[3][1]:.1f} us per MLP")
 
 
 if __name__ == "__main__":

@@ -173,11 +173,9 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
-                    wstage: bool = False) -> Variant:
+                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "") -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
-    SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`,
-    each warp staging only its run's part of x `<family>_sk_ws` (no norm; a benchmark alternative);
+    SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
     `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py)."""
     _, bits, group = FORMATS[fmt]
     if bits == 8 or cols != 1:
@@ -190,8 +188,6 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
-    if wstage:
-        name += "_ws"
     if probe:
         name += f"_probe_{probe}"
     w, x, r, y = gemv_tensors(epilogue)
@@ -200,7 +196,7 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"probe": probe} if probe else {}), **({"wstage": True} if wstage else {})),
+                    **({"probe": probe} if probe else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws, *norm_tensors(norm)), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
@@ -219,9 +215,8 @@ def ring_fits(fmt: str, epilogue: str, stages: int, warps: int) -> bool:
 
 
 def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """Stream-K shapes for the benchmark: the ring at one stage less / more, 2 x 8 warps and x staged per warp
-    (`_ws`); register stages at 1 x 16, 2 x 8 and 2-4 x 4 warps per SM (the last leave room for the next
-    kernel's CTAs)."""
+    """Stream-K shapes for the benchmark: the ring at one stage less / more and 2 x 8 warps; register
+    stages at 1 x 16, 2 x 8 and 2-4 x 4 warps per SM (the last leave room for the next kernel's CTAs)."""
     if FORMATS[fmt][1] == 8:
         return []
     key = (FORMATS[fmt][0], epilogue == "swiglu")
@@ -230,7 +225,6 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
             if s >= 2 and ring_fits(fmt, epilogue, s, SK_WARPS)]
     if ring_fits(fmt, epilogue, d, 8):
         ring.append(make_sk_variant(fmt, epilogue, ctas=2, warps=8))
-    ring.append(make_sk_variant(fmt, epilogue, wstage=True))
     regs = ([make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=w, cpa=False) for c, w in ((1, 16), (2, 8))]
             + [make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=4, cpa=False) for c in (2, 3, 4)])
     return ring + regs
