@@ -196,6 +196,8 @@ def main() -> None:
                     help="T = 1 on the 27B shapes, NVFP4: CUDA-core GEMV vs the tensor-core family and members")
     ap.add_argument("--probe", action="store_true",
                     help="stream-K members vs their probes (no flush chain; no stream) on the 27B shapes")
+    ap.add_argument("--bulk", action="store_true",
+                    help="27B stream-K shapes: the cp.async stream-K member vs the bulk-copy members (mv.bulk_variants)")
     ap.add_argument("--timeline", action="store_true",
                     help="per-warp timeline of the 27B stream-K shapes (the `timeline` probe; build with --probe)")
     ap.add_argument("--sk", action="append", default=[], metavar="KEY=VALUE",
@@ -217,6 +219,8 @@ def main() -> None:
         extra = xs_cases()
     if a.probe:
         extra = probe_cases(a.ring)
+    if a.bulk:
+        extra = bulk_cases()
     if a.build:
         from inferno.kernels.build import build_all
 
@@ -227,7 +231,7 @@ def main() -> None:
     dev, stream, rng, copy = open_bench(a.pdl)
     cols_list = (1, 8) if a.quick else (1, 2, 4, 8)
     cases = []  # (label, kernel, fmt, shape)
-    for fmt in ([] if a.mma or a.probe else FMT_SHORT):
+    for fmt in ([] if a.mma or a.probe or a.bulk else FMT_SHORT):
         for shape in LAYER_SHAPES:
             for cols in cols_list:
                 cases.append((variant_name(fmt, "plain", cols), fmt, shape, cols, None))
@@ -437,6 +441,13 @@ def mma_cases(tune: bool) -> list:
                     out += [(mv.make_variant(fmt, epi, 1, kw), fmt, shape) for kw in mv.KW]
                     out += [(v, fmt, shape) for v in mv.alternatives(fmt, epi, 1)]
     return out
+
+
+def bulk_cases() -> list:
+    """The 27B decode's stream-K GEMVs (PROBE_COMBOS): the cp.async stream-K member, the bulk member and
+    its alternative shapes."""
+    return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
+            for v in [mv.make_sk_variant(fmt, epi), mv.make_bulk_variant(fmt, epi)] + mv.bulk_variants(fmt, epi)]
 
 
 def xs_cases() -> list:
