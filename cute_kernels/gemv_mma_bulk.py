@@ -191,7 +191,8 @@ class GemvMmaBulk(GemvMmaSK):
     @cute.jit
     def _consume(self, geo, full, part, xsd, mR, mY, c0, c1, nst):
         """This consumer warp's block of every stage; parks and finishes units as they end (module doc).
-        The stage's and the block's (unit, pair) advance by increments: no division in the loop."""
+        Between two stages where something ends (a unit, the run) the stages run a loop with no bookkeeping
+        but the pair and the ring slot; the stage where it ends takes the general path."""
         B, S = self.cw, self.stages
         npairs, lane = geo[2], geo[5]
         tidx, _, _ = cute.arch.thread_idx()
@@ -210,17 +211,33 @@ class GemvMmaBulk(GemvMmaSK):
         acc = cute.make_rmem_tensor((4, self.slots), cutlass.Float32)
         acc.fill(0.0)
         vl = (c1 - 1) // npairs  # the run's last unit
-        s0 = c0  # the stage's first block, its unit v0 and pair p0
-        v0 = c0 // npairs
-        p0 = c0 - v0 * npairs
-        blk = c0 + warp  # this warp's block, its unit u and pair p
-        u = blk // npairs
-        p = blk - u * npairs
         slot = cutlass.Int32(0)
         phase = cutlass.Int32(0)
-        for _ in cutlass.range(nst, unroll=1):
+        i = cutlass.Int32(0)
+        while i < nst:
+            s0 = c0 + i * B
+            v0 = s0 // npairs
+            ib = (cutlass.min((v0 + 1) * npairs, c1) - 1 - c0) // B  # the stage where v0 or the run ends
+            p = s0 + warp - v0 * npairs  # stages i .. ib - 1 lie inside unit v0, all their blocks valid
+            for _ in cutlass.range(i, ib, unroll=1):
+                _wait(full + 8 * slot, phase)
+                self._slot_to_regs(geo, bufs, slot, warp)
+                cute.arch.sync_warp()
+                if lane == 0:
+                    _mbar_arrive(full + 8 * (S + slot))
+                if cutlass.const_expr(self.probe != "nocompute"):
+                    self._compute(ops, kb, bufs, acc, self.sl, 0, p, xsr)
+                p = p + B
+                slot = slot + 1
+                if slot == S:
+                    slot = cutlass.Int32(0)
+                    phase = 1 - phase
+            s0 = c0 + ib * B
             s1 = cutlass.min(s0 + B, c1)
-            ends = cutlass.Int32(npairs - p0 <= s1 - s0)  # unit v0 ends in this stage
+            v0 = s0 // npairs
+            blk = s0 + warp
+            u = blk // npairs
+            ends = cutlass.Int32((v0 + 1) * npairs <= s1)  # unit v0 ends in this stage
             last = cutlass.Int32(s1 == c1)
             tail = last * (1 - ends * cutlass.Int32(vl == v0))  # the run ends inside unit vl
             valid = cutlass.Int32(blk < s1)
@@ -235,7 +252,7 @@ class GemvMmaBulk(GemvMmaSK):
                 self._park(part, acc, v0, warp, lane)
             if valid > 0:
                 if cutlass.const_expr(self.probe != "nocompute"):
-                    self._compute(ops, kb, bufs, acc, self.sl, 0, p, xsr)
+                    self._compute(ops, kb, bufs, acc, self.sl, 0, blk - u * npairs, xsr)
             if ends * mine > 0:
                 self._park(part, acc, v0, warp, lane)
             if tail > 0:
@@ -248,20 +265,11 @@ class GemvMmaBulk(GemvMmaSK):
                 if tail > 0:
                     if warp == vl % B:
                         self._finish_unit(geo, part, vl, c0, c1, mR, mY)
-            s0 = s0 + B
-            p0 = p0 + B
-            if p0 >= npairs:
-                p0 = p0 - npairs
-                v0 = v0 + 1
-            blk = blk + B
-            p = p + B
-            if p >= npairs:
-                p = p - npairs
-                u = u + 1
             slot = slot + 1
             if slot == S:
                 slot = cutlass.Int32(0)
                 phase = 1 - phase
+            i = ib + 1
 
     @cute.jit
     def _slot_to_regs(self, geo, bufs, s, w):
