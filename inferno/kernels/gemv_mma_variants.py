@@ -241,7 +241,7 @@ def probe_variants(fmt: str, epilogue: str, **ring) -> list[Variant]:
 # cp.async.bulk copies into a CTA ring, BULK_WARPS consumer warps taking blocks of each stage).
 # tools/bench_stream_probe.py --pdl (H200, 2026-11-30): per-SM bulk streams of the bytes alone end their launches
 # at 95-96 % of copy on the 27B stream-K sizes against 87 % for per-warp cp.async runs; the GEMV built on it
-# is slower so far (tools/bench_gemv.py --bulk: 31.9 vs 26.4 us on gate_up, decode -20 %). `BULK`: the
+# is slower so far (tools/bench_gemv.py --bulk: 28.5 vs 26.3 us on gate_up, 21.8 vs 18.8 on down; decode -14 %). `BULK`: the
 # families carry the bulk member and run it wherever it streams (K > 128 (blocks per stage - 1); swiglu I % 16 == 0).
 BULK = False
 BULK_WARPS = 15  # + the producer: 512 threads, so ptxas may give a thread 128 registers (at 544, 96: spills)
