@@ -17,9 +17,8 @@ slot [base | high | scales] of its `warps` blocks.
 
 Sums: a warp accumulates its blocks of the current unit in registers. At a stage where a unit ends
 (a unit has at least a stage's pairs, so at most one ends per stage) and at the run's last stage, every
-consumer warp parks its partial sums of that unit in shared memory (3 rotating buffers, each with a
-`parked` and a `read` mbarrier, so no warp waits for another but the finisher) and warp u % warps adds the
-partials once all have parked: a unit wholly inside the CTA's run is finished there
+consumer warp parks its partial sums of that unit in shared memory (3 rotating buffers), a consumer
+barrier, and warp u % warps adds the partials: a unit wholly inside the CTA's run is finished there
 (epilogue, y stored: no workspace, no atomics); the run's first and last unit, shared with the
 neighbouring CTAs, go through `ws` as in `GemvMmaSK` (red.add of the sums, the CTA's pair count on the
 unit's counter, the completing CTA reads back, finishes and zeroes).
@@ -37,7 +36,7 @@ from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32
 from cute_kernels.gemv_mma import base_offset, high_offset
 from cute_kernels.gemv_mma_sk import COUNTER_ALIGN, GemvMmaSK, _asm_se, _count, _lds, _red_add, owned
 
-PARTS = 3  # rotating buffers of parked partial sums (mbarriers `parked` / `read` each)
+PARTS = 3  # rotating buffers of parked partial sums (a unit's are read before unit + 3 parks)
 
 
 @dsl_user_op
@@ -134,7 +133,6 @@ class GemvMmaBulk(GemvMmaSK):
         ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((S * self.stage_bytes // 4,)), byte_alignment=128)
         bars = smem.allocate_tensor(cutlass.Int64, cute.make_layout((2 * S,)), byte_alignment=8)
         part = smem.allocate_tensor(cutlass.Float32, cute.make_layout((PARTS * self.cw * self.rows,)), byte_alignment=16)
-        pbars = smem.allocate_tensor(cutlass.Int64, cute.make_layout((2 * PARTS,)), byte_alignment=8)
         cnt = mWs.iterator.toint()
         wsp = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, wsp, ring.iterator.toint(),
@@ -144,9 +142,6 @@ class GemvMmaBulk(GemvMmaSK):
             for s in cutlass.range_constexpr(S):
                 _mbar_init(full + 8 * s, 1)
                 _mbar_init(full + 8 * (S + s), self.cw)
-            for b in cutlass.range_constexpr(PARTS):  # parked[b] (every consumer parked), read[b] (the finisher read)
-                _mbar_init(pbars.iterator.toint() + 8 * b, self.cw)
-                _mbar_init(pbars.iterator.toint() + 8 * (PARTS + b), 1)
             _mbar_init_fence()
         cute.arch.sync_threads()
         if warp == self.cw:  # the whole ring before the wait: the weights are static
@@ -168,7 +163,7 @@ class GemvMmaBulk(GemvMmaSK):
                     _wait(full + 8 * (S + s), (i // S - 1) % 2)
                     self._fill(geo, full, c0, c1, i, s)
         else:
-            self._consume(geo, full, (part, pbars.iterator.toint(), c0 // npairs), xsd, mR, mY, c0, c1, nst)
+            self._consume(geo, full, part, xsd, mR, mY, c0, c1, nst)
 
     @cute.jit
     def _fill(self, geo, full, c0, c1, i, s):
@@ -194,7 +189,7 @@ class GemvMmaBulk(GemvMmaSK):
                   nb * self.scale_run(), bar)
 
     @cute.jit
-    def _consume(self, geo, full, pk, xsd, mR, mY, c0, c1, nst):
+    def _consume(self, geo, full, part, xsd, mR, mY, c0, c1, nst):
         """This consumer warp's block of every stage; parks and finishes units as they end (module doc).
         Between two stages where something ends (a unit, the run) the stages run a loop with no bookkeeping
         but the pair and the ring slot; the stage where it ends takes the general path."""
@@ -254,20 +249,22 @@ class GemvMmaBulk(GemvMmaSK):
                 _mbar_arrive(full + 8 * (S + slot))
             mine = valid * cutlass.Int32(u == v0)  # my block belongs to v0
             if ends * (1 - mine) > 0:  # v0 ended before my block: park it first
-                self._park(pk, acc, v0, warp, lane)
+                self._park(part, acc, v0, warp, lane)
             if valid > 0:
                 if cutlass.const_expr(self.probe != "nocompute"):
                     self._compute(ops, kb, bufs, acc, self.sl, 0, blk - u * npairs, xsr)
             if ends * mine > 0:
-                self._park(pk, acc, v0, warp, lane)
+                self._park(part, acc, v0, warp, lane)
             if tail > 0:
-                self._park(pk, acc, vl, warp, lane)
-            if ends > 0:
-                if warp == v0 % B:
-                    self._finish_unit(geo, pk, v0, c0, c1, mR, mY)
-            if tail > 0:
-                if warp == vl % B:
-                    self._finish_unit(geo, pk, vl, c0, c1, mR, mY)
+                self._park(part, acc, vl, warp, lane)
+            if ends + last > 0:
+                cute.arch.barrier(barrier_id=1, number_of_threads=32 * B)
+                if ends > 0:
+                    if warp == v0 % B:
+                        self._finish_unit(geo, part, v0, c0, c1, mR, mY)
+                if tail > 0:
+                    if warp == vl % B:
+                        self._finish_unit(geo, part, vl, c0, c1, mR, mY)
             slot = slot + 1
             if slot == S:
                 slot = cutlass.Int32(0)
@@ -295,40 +292,25 @@ class GemvMmaBulk(GemvMmaSK):
                 sb[e, b, 0] = sc[e]
 
     @cute.jit
-    def _park(self, pk, acc, v, warp, lane):
-        """This warp's partial row sums of unit v into its parking row (buffer b = (v - the run's first unit)
-        % PARTS, once its previous unit's finisher has read it), then an arrival on parked[b]; acc zeroed."""
-        part, pb, vf = pk
+    def _park(self, part, acc, v, warp, lane):
+        """This warp's partial row sums of unit v into its parking row (buffer v % PARTS); acc zeroed."""
         g, t = lane // 4, lane % 4
-        b = (v - vf) % PARTS
-        use = (v - vf) // PARTS
-        if use > 0:
-            _wait(pb + 8 * (PARTS + b), (use - 1) % 2)
         if t == 0:
-            row0 = (b * self.cw + warp) * self.rows
-            for s in cutlass.range_constexpr(len(self.sl)):
+            row0 = (v % PARTS * self.cw + warp) * self.rows
+            for b in cutlass.range_constexpr(len(self.sl)):
                 for h in cutlass.range_constexpr(2):
-                    part[row0 + 16 * s + g + 8 * h] = acc[2 * h, self.sl[s]]
-        cute.arch.sync_warp()
-        if lane == 0:
-            _mbar_arrive(pb + 8 * b)
+                    part[row0 + 16 * b + g + 8 * h] = acc[2 * h, self.sl[b]]
         acc.fill(0.0)
 
     @cute.jit
-    def _finish_unit(self, geo, pk, v, c0, c1, mR, mY):
-        """The CTA's sums of unit v (its consumers' parked partials, once all have parked): the unit's outputs
-        when the CTA holds all its pairs, else through ws (GemvMmaSK's counter protocol)."""
+    def _finish_unit(self, geo, part, v, c0, c1, mR, mY):
+        """The CTA's sums of unit v (its consumers' parked partials): the unit's outputs when the CTA holds
+        all its pairs, else through ws (GemvMmaSK's counter protocol)."""
         npairs, lane, m, n_tiles, n_w, cnt, wsp = geo[2], geo[5], geo[7], geo[8], geo[9], geo[10], geo[11]
-        part, pb, vf = pk
-        b = (v - vf) % PARTS
-        _wait(pb + 8 * b, (v - vf) // PARTS % 2)
         a = cutlass.Float32(0.0)
         if lane < self.rows:
             for w in cutlass.range_constexpr(self.cw):
-                a = a + part[(b * self.cw + w) * self.rows + lane]
-        cute.arch.sync_warp()
-        if lane == 0:
-            _mbar_arrive(pb + 8 * (PARTS + b))
+                a = a + part[(v % PARTS * self.cw + w) * self.rows + lane]
         seg = cutlass.min((v + 1) * npairs, c1) - cutlass.max(v * npairs, c0)
         if seg == npairs:
             a = self._unscale(a, geo[13])
