@@ -18,54 +18,12 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.gemv_mma_sk import _asm_se, _cp_async, _lds
+from cute_kernels.gemv_mma_bulk import _bulk, _mbar_arrive, _mbar_expect, _mbar_init, _mbar_init_fence, _wait
+from cute_kernels.gemv_mma_sk import _cp_async, _lds
 
 MODES = ("warp", "bulk")
 BLOCK = 2048  # "warp": bytes a warp copies per block (32 lanes x 4 x 16)
-
-
-@dsl_user_op
-def _mbar_init(addr, count: int, *, loc=None, ip=None):
-    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], f"mbarrier.init.shared::cta.b64 [$0], {count};",
-            "r", loc, ip)
-
-
-@dsl_user_op
-def _mbar_init_fence(*, loc=None, ip=None):
-    _asm_se(None, [], "fence.mbarrier_init.release.cluster;", "", loc, ip)
-
-
-@dsl_user_op
-def _mbar_expect(addr, nbytes, *, loc=None, ip=None):
-    """Arrive on the barrier at addr expecting nbytes of async copies."""
-    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip), cutlass.Int32(nbytes).ir_value(loc=loc, ip=ip)],
-            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r", loc, ip)
-
-
-@dsl_user_op
-def _mbar_arrive(addr, *, loc=None, ip=None):
-    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], "mbarrier.arrive.shared::cta.b64 _, [$0];", "r",
-            loc, ip)
-
-
-@dsl_user_op
-def _mbar_done(addr, parity, *, loc=None, ip=None) -> cutlass.Int32:
-    """1 when the barrier's phase of this parity has completed (try_wait: may block a while), else 0."""
-    return cutlass.Int32(_asm_se(
-        T.i32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip), cutlass.Int32(parity).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n\tselp.u32 $0, 1, 0, p;\n\t}",
-        "=r,r,r", loc, ip))
-
-
-@dsl_user_op
-def _bulk(dst, src, nbytes, bar, *, loc=None, ip=None):
-    """cp.async.bulk of nbytes (multiple of 16) from global src to shared dst, completing on barrier bar."""
-    _asm_se(None, [cutlass.Int32(dst).ir_value(loc=loc, ip=ip), cutlass.Int64(src).ir_value(loc=loc, ip=ip),
-                   cutlass.Int32(nbytes).ir_value(loc=loc, ip=ip), cutlass.Int32(bar).ir_value(loc=loc, ip=ip)],
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];", "r,l,r,r",
-            loc, ip)
 
 
 class StreamProbe:
@@ -170,8 +128,7 @@ class StreamProbe:
             if lane == 0:
                 for i in cutlass.range(S, n, unroll=1):
                     s = i % S
-                    while _mbar_done(full + 8 * (S + s), (i // S - 1) % 2) == 0:
-                        pass
+                    _wait(full + 8 * (S + s), (i // S - 1) % 2)
                     self._fill(base, lo, hi, r0, full, i, s)
         else:
             cute.arch.griddepcontrol_wait()
@@ -179,8 +136,7 @@ class StreamProbe:
             per = C // self.warps
             for i in cutlass.range(n, unroll=1):
                 s = i % S
-                while _mbar_done(full + 8 * s, i // S % 2) == 0:
-                    pass
+                _wait(full + 8 * s, i // S % 2)
                 d = r0 + s * C + warp * per
                 for q in cutlass.range_constexpr(per // 512):
                     v = _lds(d + 512 * q + 16 * lane, 4)
