@@ -132,7 +132,8 @@ class GemvMmaBulk(GemvMmaSK):
         xsd = self.xs_smem(smem, mX, mN, eps)
         ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((S * self.stage_bytes // 4,)), byte_alignment=128)
         bars = smem.allocate_tensor(cutlass.Int64, cute.make_layout((2 * S,)), byte_alignment=8)
-        part = smem.allocate_tensor(cutlass.Float32, cute.make_layout((PARTS * self.cw * self.rows,)), byte_alignment=16)
+        part = smem.allocate_tensor(cutlass.Float32, cute.make_layout((PARTS * self.cw * self.rows,)),
+                                    byte_alignment=16)
         cnt = mWs.iterator.toint()
         wsp = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, wsp, ring.iterator.toint(),
@@ -183,8 +184,8 @@ class GemvMmaBulk(GemvMmaSK):
             d = geo[12] + s * self.stage_bytes + b * self.region
             _bulk(d, base + base_offset(tile, 2 * p, ngr, 0), nb * 1024, bar)
             if cutlass.const_expr(self.hw > 0):
-                _bulk(d + 1024 * self.cw, base + high_offset(self.bits, high, tile, 2 * p, ngr, 0), nb * (256 * self.hw),
-                      bar)
+                _bulk(d + 1024 * self.cw, base + high_offset(self.bits, high, tile, 2 * p, ngr, 0),
+                      nb * (256 * self.hw), bar)
             _bulk(d + (1024 + 256 * self.hw) * self.cw, base + self._scale_off(scale, tile, p, ngr, 0),
                   nb * self.scale_run(), bar)
 

@@ -211,7 +211,8 @@ def test_alternatives():
 def test_variant_table():
     names = {v.name for v in mv.GEMV_MMA_VARIANTS}
     # register-x K splits for every (format, epilogue, T), + T = 1 Q4-Q6: xs K splits, stream-K and bulk stream-K
-    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == 4 * 3 * 2 * len(mv.KW) + (3 * 3 + 3 * 2) * (len(mv.XS_KW) + 1 + mv.BULK)
+    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == (4 * 3 * 2 * len(mv.KW)
+                                                       + (3 * 3 + 3 * 2) * (len(mv.XS_KW) + 1 + mv.BULK))
     assert ("gemv_mma_q4_t1_swiglu_n_bk" in names) == mv.BULK
     assert mv.make_bulk_variant("Q5G64_F16S", "residual", stages=3).name == "gemv_mma_q5_t1_res_bk_p3_w15"
     assert mv.variant_name("Q4G64_F16S", "swiglu", 1) == "gemv_mma_q4_t1_swiglu"
@@ -266,8 +267,8 @@ def test_launcher_refuses_bad_arguments():
 
 def test_family_members_and_choice():
     """A T = 1 Q4-Q6 family holds register-x, xs, stream-K and bulk stream-K members; the launcher takes
-    stream-K where `sk_wins` (the 27B value_z, gate_up, down, GDN / attention outputs; bulk where it streams), xs (kw 2 from 512 units, else 4)
-    for the rest, and the register-x K split only for K past KMAX. W8 and T = 8 families are register-x only."""
+    stream-K where `sk_wins` (the 27B value_z, gate_up, down, GDN / attention outputs; bulk where it streams),
+    xs (kw 2 from 512 units, else 4) for the rest, and the register-x K split only for K past KMAX. W8 and T = 8 families are register-x only."""
     names = mv.family_members("gemv_mma_q4_t1_swiglu")
     assert names == ["gemv_mma_q4_t1_swiglu_k2", "gemv_mma_q4_t1_swiglu_k4", "gemv_mma_q4_t1_swiglu_k8",
                      "gemv_mma_q4_t1_swiglu_k2_xs", "gemv_mma_q4_t1_swiglu_k4_xs", "gemv_mma_q4_t1_swiglu_sk"] + \

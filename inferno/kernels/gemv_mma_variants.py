@@ -241,8 +241,9 @@ def probe_variants(fmt: str, epilogue: str, **ring) -> list[Variant]:
 # cp.async.bulk copies into a CTA ring, BULK_WARPS consumer warps taking blocks of each stage).
 # tools/bench_stream_probe.py --pdl (H200, 2026-11-30): per-SM bulk streams of the bytes alone end their launches
 # at 95-96 % of copy on the 27B stream-K sizes against 87 % for per-warp cp.async runs; the GEMV built on it
-# is slower so far (tools/bench_gemv.py --bulk: 28.5 vs 26.3 us on gate_up, 21.8 vs 18.8 on down; decode -14 %). `BULK`: the
-# families carry the bulk member and run it wherever it streams (K > 128 (blocks per stage - 1); swiglu I % 16 == 0).
+# is slower so far (tools/bench_gemv.py --bulk: 28.5 vs 26.3 us on gate_up, 21.8 vs 18.8 on down; decode -14 %).
+# `BULK`: the families carry the bulk member and run it wherever it streams (K > 128 (blocks per stage - 1);
+# swiglu I % 16 == 0).
 BULK = False
 BULK_WARPS = 15  # + the producer: 512 threads, so ptxas may give a thread 128 registers (at 544, 96: spills)
 BULK_STAGES = {("q4", False): 6, ("q5", False): 6, ("q6", False): 5, ("q4", True): 4, ("q5", True): 3,
@@ -268,7 +269,7 @@ def make_bulk_variant(fmt: str, epilogue: str, stages: int | None = None, warps:
     return Variant(
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_bulk", cls="GemvMmaBulk",
         config=dict(bits=bits, group=group, cols=1, epilogue=epilogue, warps=warps, stages=stages, ctas=1,
-                    kmax=kmax_for(norm), sk=True, bulk=True, 
+                    kmax=kmax_for(norm), sk=True, bulk=True,
                     **({"norm": True} if norm else {}), **({"probe": probe} if probe else {})),
         archs=("sm_90a",),  # cp.async.bulk + the ring's shared memory: sm_90
         args=(w, x, r, y, Tensor("ws", "i32", ("WS",), (1,)), *norm_tensors(norm)), grid=("SMS", "1", "1"),
@@ -311,7 +312,8 @@ def t1_fast_members(fmt: str, epilogue: str, norm: bool = False) -> list[Variant
     if FORMATS[fmt][1] == 8 or (norm and epilogue == "residual"):
         return []
     return ([make_variant(fmt, epilogue, 1, kw, xs=True, norm=norm) for kw in XS_KW]
-            + [make_sk_variant(fmt, epilogue, norm=norm)] + ([make_bulk_variant(fmt, epilogue, norm=norm)] if BULK else []))
+            + [make_sk_variant(fmt, epilogue, norm=norm)]
+            + ([make_bulk_variant(fmt, epilogue, norm=norm)] if BULK else []))
 
 
 GEMV_MMA_VARIANTS: tuple[Variant, ...] = tuple(
