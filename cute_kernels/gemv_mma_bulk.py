@@ -86,8 +86,22 @@ def _bulk(dst, src, nbytes, bar, *, loc=None, ip=None):
 
 @cute.jit
 def _wait(bar, parity):
+    """Until the barrier's phase of this parity has completed."""
     while _mbar_done(bar, parity) == 0:
         pass
+
+
+@cute.jit
+def init_ring(full, stages: int, consumers: int):
+    """Thread 0: full[s] (1 arrival + the bulk bytes) at full + 8 s and empty[s] (`consumers` arrivals) at
+    full + 8 (stages + s), made visible to the bulk copies; then every thread of the CTA synchronises."""
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        for s in cutlass.range_constexpr(stages):
+            _mbar_init(full + 8 * s, 1)
+            _mbar_init(full + 8 * (stages + s), consumers)
+        _mbar_init_fence()
+    cute.arch.sync_threads()
 
 
 class GemvMmaBulk(GemvMmaSK):
@@ -139,12 +153,7 @@ class GemvMmaBulk(GemvMmaSK):
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, wsp, ring.iterator.toint(),
                self._out_scale(mW, n_tiles, ngr))
         full = bars.iterator.toint()  # full[s] at full + 8 s, empty[s] at full + 8 (S + s)
-        if tidx == 0:
-            for s in cutlass.range_constexpr(S):
-                _mbar_init(full + 8 * s, 1)
-                _mbar_init(full + 8 * (S + s), self.cw)
-            _mbar_init_fence()
-        cute.arch.sync_threads()
+        init_ring(full, S, self.cw)
         if warp == self.cw:  # the whole ring before the wait: the weights are static
             if lane == 0:
                 for s in cutlass.range_constexpr(S):

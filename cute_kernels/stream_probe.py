@@ -19,7 +19,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from cute_kernels.gemv_mma_bulk import _bulk, _mbar_arrive, _mbar_expect, _mbar_init, _mbar_init_fence, _wait
+from cute_kernels.gemv_mma_bulk import _bulk, _mbar_arrive, _mbar_expect, _wait, init_ring
 from cute_kernels.gemv_mma_sk import _cp_async, _lds
 
 MODES = ("warp", "bulk")
@@ -111,12 +111,7 @@ class StreamProbe:
         base = mSrc.iterator.toint()
         r0 = ring.iterator.toint()
         full = bars.iterator.toint()  # full[s] at full + 8 s, empty[s] at full + 8 (S + s)
-        if tidx == 0:
-            for s in cutlass.range_constexpr(S):
-                _mbar_init(full + 8 * s, 1)
-                _mbar_init(full + 8 * (S + s), self.warps)
-            _mbar_init_fence()
-        cute.arch.sync_threads()
+        init_ring(full, S, self.warps)
         acc = cutlass.Int32(0)
         if warp == self.warps:  # the producer warp
             if lane == 0:
