@@ -24,7 +24,8 @@ neighbouring CTAs, go through `ws` as in `GemvMmaSK` (red.add of the sums, the C
 unit's counter, the completing CTA reads back, finishes and zeroes).
 
 Needs pairs >= blocks per stage (K > 128 (warps - 1)) and, for swiglu, I % 16 == 0; the launcher
-checks both. `probe` "nocompute" (benchmark only, wrong results): the blocks are read but not computed.
+checks both. `chains` 2: a group's four mmas in two chains (half the dependent latency). `probe` (benchmark
+only, wrong results): "nocompute" reads the blocks but does not compute them, "sleep" idles ~0.9 us instead.
 """
 
 
@@ -36,6 +37,7 @@ from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32
 from cute_kernels.gemv_mma import base_offset, high_offset
 from cute_kernels.gemv_mma_sk import COUNTER_ALIGN, GemvMmaSK, _asm_se, _count, _lds, _red_add, owned
 
+BULK_PROBES = ("", "nocompute", "sleep")  # benchmark only: blocks read, not computed (sleep: ~1 us idle instead)
 PARTS = 3  # rotating buffers of parked partial sums (a unit's are read before unit + 3 parks)
 
 
@@ -84,6 +86,12 @@ def _bulk(dst, src, nbytes, bar, *, loc=None, ip=None):
             loc, ip)
 
 
+@dsl_user_op
+def _nanosleep(ns: int, *, loc=None, ip=None):
+    """Idle about ns nanoseconds (the warp issues nothing meanwhile)."""
+    _asm_se(None, [], f"nanosleep.u32 {ns};", "", loc, ip)
+
+
 @cute.jit
 def _wait(bar, parity):
     """Until the barrier's phase of this parity has completed."""
@@ -110,14 +118,16 @@ class GemvMmaBulk(GemvMmaSK):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 16, stages: int = 4,
                  ctas: int = 1, kmax: int = 0, sk: bool = True, bulk: bool = True, norm: bool = False,
-                 probe: str = ""):
+                 probe: str = "", chains: int = 1):
         if cols != 1 or ctas != 1:
             raise ValueError("bulk stream-K: T = 1, one CTA per SM")
-        if probe not in ("", "nocompute"):
-            raise ValueError("probe: '' or 'nocompute' (the blocks are read but not computed: timing only)")
+        if probe not in BULK_PROBES:
+            raise ValueError(f"probe must be one of {BULK_PROBES}")
+        if chains not in (1, 2):
+            raise ValueError("chains: 1 or 2 mma chains per group")
         GemvMma.__init__(self, bits, group, cols, epilogue, warps=warps + 1, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
-        self.probe, self.cpa = probe, True
+        self.probe, self.cpa, self.chains = probe, True, chains
         self.cw = warps  # consumer warps = blocks per stage
         self.sl = (0, 1) if epilogue == "swiglu" else (0,)  # tile slots of a unit (swiglu: I % 16 == 0)
         self.rows = 16 * len(self.sl)  # parked sums per warp and unit
@@ -235,8 +245,7 @@ class GemvMmaBulk(GemvMmaSK):
                 cute.arch.sync_warp()
                 if lane == 0:
                     _mbar_arrive(full + 8 * (S + slot))
-                if cutlass.const_expr(self.probe != "nocompute"):
-                    self._compute(ops, kb, bufs, acc, self.sl, 0, p, xsr)
+                self._block(ops, kb, bufs, acc, p, xsr)
                 p = p + B
                 slot = slot + 1
                 if slot == S:
@@ -261,8 +270,7 @@ class GemvMmaBulk(GemvMmaSK):
             if ends * (1 - mine) > 0:  # v0 ended before my block: park it first
                 self._park(part, acc, v0, warp, lane)
             if valid > 0:
-                if cutlass.const_expr(self.probe != "nocompute"):
-                    self._compute(ops, kb, bufs, acc, self.sl, 0, blk - u * npairs, xsr)
+                self._block(ops, kb, bufs, acc, blk - u * npairs, xsr)
             if ends * mine > 0:
                 self._park(part, acc, v0, warp, lane)
             if tail > 0:
@@ -280,6 +288,15 @@ class GemvMmaBulk(GemvMmaSK):
                 slot = cutlass.Int32(0)
                 phase = 1 - phase
             i = ib + 1
+
+    @cute.jit
+    def _block(self, ops, kb, bufs, acc, p, xsr):
+        """This warp's block (pair p, in the register stage) into acc; the probes instead do nothing
+        ("nocompute") or idle about as long as the block takes ("sleep": busy time without issue)."""
+        if cutlass.const_expr(self.probe == ""):
+            self._compute(ops, kb, bufs, acc, self.sl, 0, p, xsr)
+        if cutlass.const_expr(self.probe == "sleep"):
+            _nanosleep(900)
 
     @cute.jit
     def _slot_to_regs(self, geo, bufs, s, w):
