@@ -394,7 +394,6 @@ class GemvMma:
         self.xw = 8 if bits < 8 else 4  # x words (bf16 pairs) per lane and group
         self.hw = {5: 1, 6: 2}.get(bits, 0)  # high words per lane and group
         self.sw = 2  # scale words per lane and group pair
-        self.chains = 1  # mma chains per group (a subclass may run 2: half the dependent latency)
 
     # ---- format hooks (a subclass for another weight format overrides these and `_compute`) ----
 
@@ -751,17 +750,9 @@ class GemvMma:
             for b in cutlass.range_constexpr(len(sl)):
                 lo = self._pairs(ops, wb[0, q, b, st], wb[1, q, b, st], hbuf, 0, q, b, st)
                 hi = self._pairs(ops, wb[2, q, b, st], wb[3, q, b, st], hbuf, 1, q, b, st)
-                if cutlass.const_expr(self.chains == 2):  # k-steps 0, 2 and 1, 3 in two chains, then added
-                    d = nb
-                    d1 = [cutlass.Float32(0.0)] * 4
-                    for mk in cutlass.range_constexpr(0, 4, 2):
-                        d = _mma((lo[mk][0], hi[mk][0], lo[mk][1], hi[mk][1]), bregs[mk], d)
-                        d1 = _mma((lo[mk + 1][0], hi[mk + 1][0], lo[mk + 1][1], hi[mk + 1][1]), bregs[mk + 1], d1)
-                    d = [d[i] + d1[i] for i in range(4)]
-                else:
-                    d = nb
-                    for mk in cutlass.range_constexpr(4):
-                        d = _mma((lo[mk][0], hi[mk][0], lo[mk][1], hi[mk][1]), bregs[mk], d)
+                d = nb
+                for mk in cutlass.range_constexpr(4):
+                    d = _mma((lo[mk][0], hi[mk][0], lo[mk][1], hi[mk][1]), bregs[mk], d)
                 for h in cutlass.range_constexpr(2):
                     sc = _f16_f32(sb[q, b, st], h)
                     for e in cutlass.range_constexpr(1 if self.cols == 1 else 2):  # T = 1: column 0 only

@@ -24,8 +24,7 @@ neighbouring CTAs, go through `ws` as in `GemvMmaSK` (red.add of the sums, the C
 unit's counter, the completing CTA reads back, finishes and zeroes).
 
 Needs pairs >= blocks per stage (K > 128 (warps - 1)) and, for swiglu, I % 16 == 0; the launcher
-checks both. `chains` 2: a group's four mmas in two chains (half the dependent latency). `probe` (benchmark
-only, wrong results): "nocompute" reads the blocks but does not compute them, "sleep" idles ~0.9 us instead.
+checks both. `probe` (benchmark only, wrong results): "nocompute" reads the blocks but does not compute them, "sleep" idles ~0.9 us instead.
 """
 
 
@@ -118,16 +117,14 @@ class GemvMmaBulk(GemvMmaSK):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 16, stages: int = 4,
                  ctas: int = 1, kmax: int = 0, sk: bool = True, bulk: bool = True, norm: bool = False,
-                 probe: str = "", chains: int = 1):
+                 probe: str = ""):
         if cols != 1 or ctas != 1:
             raise ValueError("bulk stream-K: T = 1, one CTA per SM")
         if probe not in BULK_PROBES:
             raise ValueError(f"probe must be one of {BULK_PROBES}")
-        if chains not in (1, 2):
-            raise ValueError("chains: 1 or 2 mma chains per group")
         GemvMma.__init__(self, bits, group, cols, epilogue, warps=warps + 1, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
-        self.probe, self.cpa, self.chains = probe, True, chains
+        self.probe, self.cpa = probe, True
         self.cw = warps  # consumer warps = blocks per stage
         self.sl = (0, 1) if epilogue == "swiglu" else (0,)  # tile slots of a unit (swiglu: I % 16 == 0)
         self.rows = 16 * len(self.sl)  # parked sums per warp and unit

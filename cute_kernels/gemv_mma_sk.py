@@ -150,14 +150,12 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = "", chains: int = 1):
+                 probe: str = ""):
         super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
-        if chains not in (1, 2):
-            raise ValueError("chains: 1 or 2 mma chains per group")
-        self.probe, self.chains = probe, chains
+        self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
         self.slot_bytes = 1024 + 256 * self.hw + 256

@@ -444,11 +444,10 @@ def mma_cases(tune: bool) -> list:
 
 
 def bulk_cases() -> list:
-    """The 27B decode's stream-K GEMVs (PROBE_COMBOS): the cp.async stream-K member (and its two-chain
-    alternative), the bulk member and its alternative shapes and probes."""
+    """The 27B decode's stream-K GEMVs (PROBE_COMBOS): the cp.async stream-K member, the bulk member and
+    its alternative shapes and probes."""
     return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
-            for v in [mv.make_sk_variant(fmt, epi), mv.make_sk_variant(fmt, epi, chains=2),
-                      mv.make_bulk_variant(fmt, epi)] + mv.bulk_variants(fmt, epi)]
+            for v in [mv.make_sk_variant(fmt, epi), mv.make_bulk_variant(fmt, epi)] + mv.bulk_variants(fmt, epi)]
 
 
 def xs_cases() -> list:

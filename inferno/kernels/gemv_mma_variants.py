@@ -173,12 +173,10 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
-                    chains: int = 1) -> Variant:
+                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "") -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
-    SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`,
-    a group's mmas in two chains `.._h2`; `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>`
-    (cute_kernels/gemv_mma_sk.py)."""
+    SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
+    `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py)."""
     _, bits, group = FORMATS[fmt]
     if bits == 8 or cols != 1:
         raise LaunchError("stream-K GEMV: Q4-Q6 at T = 1 only")
@@ -190,8 +188,6 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
-    if chains != 1:
-        name += f"_h{chains}"
     if probe:
         name += f"_probe_{probe}"
     w, x, r, y = gemv_tensors(epilogue)
@@ -200,7 +196,7 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"probe": probe} if probe else {}), **({"chains": chains} if chains != 1 else {})),
+                    **({"probe": probe} if probe else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws, *norm_tensors(norm)), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
@@ -229,7 +225,6 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
             if s >= 2 and ring_fits(fmt, epilogue, s, SK_WARPS)]
     if ring_fits(fmt, epilogue, d, 8):
         ring.append(make_sk_variant(fmt, epilogue, ctas=2, warps=8))
-    ring.append(make_sk_variant(fmt, epilogue, chains=2))
     regs = ([make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=w, cpa=False) for c, w in ((1, 16), (2, 8))]
             + [make_sk_variant(fmt, epilogue, stages=r, ctas=c, warps=4, cpa=False) for c in (2, 3, 4)])
     return ring + regs
@@ -256,10 +251,10 @@ BULK_STAGES = {("q4", False): 6, ("q5", False): 6, ("q6", False): 5, ("q4", True
 
 
 def make_bulk_variant(fmt: str, epilogue: str, stages: int | None = None, warps: int = BULK_WARPS,
-                      norm: bool = False, probe: str = "", chains: int = 1) -> Variant:
+                      norm: bool = False, probe: str = "") -> Variant:
     """The bulk stream-K member `<family>_bk` (Q4-Q6, T = 1, BULK_STAGES stages of `warps` blocks, 1 CTA of
-    warps + 1 warps per SM); other shapes `<family>_bk_p<s>_w<w>`, a group's mmas in two chains `.._h2`,
-    `probe` "nocompute" / "sleep" `.._probe_<probe>` (benchmark only)."""
+    warps + 1 warps per SM); other shapes `<family>_bk_p<s>_w<w>`, `probe` "nocompute" / "sleep"
+    `.._probe_<probe>` (benchmark only)."""
     _, bits, group = FORMATS[fmt]
     if bits == 8:
         raise LaunchError("bulk stream-K GEMV: Q4-Q6 at T = 1 only")
@@ -268,8 +263,6 @@ def make_bulk_variant(fmt: str, epilogue: str, stages: int | None = None, warps:
     name = f"{variant_name(fmt, epilogue, 1, norm)}_bk"
     if (stages, warps) != (default, BULK_WARPS):
         name += f"_p{stages}_w{warps}"
-    if chains != 1:
-        name += f"_h{chains}"
     if probe:
         name += f"_probe_{probe}"
     w, x, r, y = gemv_tensors(epilogue)
@@ -277,8 +270,7 @@ def make_bulk_variant(fmt: str, epilogue: str, stages: int | None = None, warps:
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_bulk", cls="GemvMmaBulk",
         config=dict(bits=bits, group=group, cols=1, epilogue=epilogue, warps=warps, stages=stages, ctas=1,
                     kmax=kmax_for(norm), sk=True, bulk=True,
-                    **({"norm": True} if norm else {}), **({"probe": probe} if probe else {}),
-                    **({"chains": chains} if chains != 1 else {})),
+                    **({"norm": True} if norm else {}), **({"probe": probe} if probe else {})),
         archs=("sm_90a",),  # cp.async.bulk + the ring's shared memory: sm_90
         args=(w, x, r, y, Tensor("ws", "i32", ("WS",), (1,)), *norm_tensors(norm)), grid=("SMS", "1", "1"),
         divisibility={"K": 8, "x_stride": 8}, pdl=True,
@@ -289,13 +281,12 @@ def make_bulk_variant(fmt: str, epilogue: str, stages: int | None = None, warps:
 
 
 def bulk_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """Bulk shapes for the benchmark: a group's mmas in two chains, 16 consumer warps (96 registers a
-    thread), one stage more, and the member's `nocompute` and `sleep` probes."""
+    """Bulk shapes for the benchmark: 16 consumer warps (96 registers a thread), one stage more, and the
+    member's `nocompute` and `sleep` probes."""
     if FORMATS[fmt][1] == 8:
         return []
     d = BULK_STAGES[(FORMATS[fmt][0], epilogue == "swiglu")]
-    return [make_bulk_variant(fmt, epilogue, chains=2), make_bulk_variant(fmt, epilogue, warps=16),
-            make_bulk_variant(fmt, epilogue, stages=d + 1)] + [
+    return [make_bulk_variant(fmt, epilogue, warps=16), make_bulk_variant(fmt, epilogue, stages=d + 1)] + [
         make_bulk_variant(fmt, epilogue, probe=p) for p in ("nocompute", "sleep")]
 
 
