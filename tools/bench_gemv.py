@@ -143,11 +143,40 @@ def bench_case(kern: "GemvQ | mv.GemvMma", w: Weights, n: int, k: int, cols: int
     ge.close()
     g.close()
     if isinstance(kern, mv.GemvMmaSK):
+        if kern.loaded.manifest.config.get("probe") == "clock":
+            CLOCK_ROWS.append(clock_row(kern, y, m, n, k))
         kern.free()
     for b in (x, y, r):
         if b is not None:
             b.free()
     return 1000 * ms / launches
+
+
+CLOCK_ROWS: list[str] = []  # --bulk: one table row per `clock` probe timed
+
+
+def clock_row(kern: "mv.GemvMmaSK", y, m: int, n: int, k: int) -> str:
+    """A table row of the bulk `clock` probe's counts (the last launch on output y): per consumer warp the
+    share of its cycles after x staging spent waiting for its blocks, reading and computing them, and at unit
+    ends (medians over the warps); the producer's share waiting for empty slots and issuing copies; the SM
+    clock (cycles / globaltimer ns after staging, median); us from the earliest PDL-wait return to x staged and
+    to the warps' ends (median / max)."""
+    from inferno.cuda.copy import from_device
+
+    ws = kern._ws[next(key for key in kern._ws if key[0] == int(y.ptr))]
+    base = mv.sk_workspace_bytes(m, n, 1)
+    base += -(int(ws.ptr) + base) % 8
+    grid, warps = kern.grid(m, k), kern.warps + 1
+    raw = from_device(ws, np.uint8, (ws.nbytes,))[base:base + 8 * mv.CLOCK * grid * warps]
+    c = raw.view(np.int64).reshape(grid * warps, mv.CLOCK).astype(np.float64)
+    prod = c[warps - 1::warps]
+    cons = np.delete(c, np.s_[warps - 1::warps], axis=0)
+    pct = lambda a, e: 100 * np.median(a[:, e] / np.maximum(a[:, 3], 1))  # noqa: E731
+    ghz = np.median(c[:, 3] / np.maximum(c[:, 7] - c[:, 6], 1))
+    t = (c[:, 4:] - c[:, 5].min()) / 1e3  # us from the earliest PDL-wait return
+    return (f"| {kern.name} | {pct(cons, 0):.0f} | {pct(cons, 1):.0f} | {pct(cons, 2):.0f} | {pct(prod, 0):.0f} | "
+            f"{pct(prod, 1):.0f} | {ghz:.2f} | {np.median(t[:, 0]):.1f} | {np.median(t[:, 2]):.1f} / {t[:, 2].max():.1f} | "
+            f"{np.median(t[:, 3]):.1f} / {t[:, 3].max():.1f} |")
 
 
 def tune_cases() -> list:
@@ -288,6 +317,12 @@ def main() -> None:
         print_mma_table(rows_out, copy)
     if a.probe:
         print_probe_table(rows_out, a.ring)
+    if CLOCK_ROWS:
+        print("\n| clock probe | consumer % waiting | % reading + computing | % unit ends | producer % waiting | "
+              "producer % issuing | SM GHz | warp start us (median) | x staged us (median / max) | "
+              "warp end us (median / max) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("\n".join(CLOCK_ROWS))
 
 
 PROBE_COMBOS = (("Q4G64_F16S", "gate_up", "swiglu"), ("Q5G64_F16S", "down", "residual"),
