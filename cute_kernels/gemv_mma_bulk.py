@@ -30,11 +30,6 @@ u64 words after ws's words (at 8-aligned ws end + 8 CLOCK (CTA (warps + 1) + war
 consumer spent waiting for its blocks' bytes, reading and computing them, at unit ends (park, barrier,
 finish) and in all after x was staged (the producer: waiting for empty slots, issuing copies, 0, all),
 then %globaltimer when the warp began, when its PDL wait returned, when x was staged and at its end.
-
-`rings` (per-warp rings): the producer warp's lane l copies block l of every stage into consumer warp l's
-own ring of `stages` slots (a full / empty mbarrier per slot, one block's 3 copies per tile slot), so a
-warp waits only for its own blocks and the warps need not move in lockstep; the DRAM stream is the
-same (a producer instruction copies a stage's consecutive blocks).
 """
 
 
@@ -110,42 +105,38 @@ def _clock(*, loc=None, ip=None) -> cutlass.Int64:
 
 
 @cute.jit
-def init_ring(full, slots: int, consumers: int):
+def init_ring(full, stages: int, consumers: int):
     """Thread 0: full[s] (1 arrival + the bulk bytes) at full + 8 s and empty[s] (`consumers` arrivals) at
-    full + 8 (slots + s), made visible to the bulk copies; then every thread of the CTA synchronises."""
+    full + 8 (stages + s), made visible to the bulk copies; then every thread of the CTA synchronises."""
     tidx, _, _ = cute.arch.thread_idx()
     if tidx == 0:
-        for s in cutlass.range(slots, unroll=1):
+        for s in cutlass.range_constexpr(stages):
             _mbar_init(full + 8 * s, 1)
-            _mbar_init(full + 8 * (slots + s), consumers)
+            _mbar_init(full + 8 * (stages + s), consumers)
         _mbar_init_fence()
     cute.arch.sync_threads()
 
 
 class GemvMmaBulk(GemvMmaSK):
     """`warps` consumer warps (= blocks per stage) and one producer warp per CTA, one CTA per SM, a ring
-    of `stages` stages (`rings`: every consumer its own ring of `stages` slots), x for K <= kmax in shared
-    memory (`norm`: the RMSNorm folded into the staging)."""
+    of `stages` stages, x for K <= kmax in shared memory (`norm`: the RMSNorm folded into the staging)."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 16, stages: int = 4,
                  ctas: int = 1, kmax: int = 0, sk: bool = True, bulk: bool = True, norm: bool = False,
-                 probe: str = "", rings: bool = False):
+                 probe: str = ""):
         if cols != 1 or ctas != 1:
             raise ValueError("bulk stream-K: T = 1, one CTA per SM")
         if probe not in BULK_PROBES:
             raise ValueError(f"probe must be one of {BULK_PROBES}")
-        if rings and warps > 32:
-            raise ValueError("per-warp rings: one producer lane per consumer warp (warps <= 32)")
         GemvMma.__init__(self, bits, group, cols, epilogue, warps=warps + 1, kw=1, tiles=1, stages=stages, ctas=ctas,
                          xs=True, kmax=kmax, norm=norm)
-        self.probe, self.cpa, self.rings = probe, True, rings
+        self.probe, self.cpa = probe, True
         self.cw = warps  # consumer warps = blocks per stage
         self.sl = (0, 1) if epilogue == "swiglu" else (0,)  # tile slots of a unit (swiglu: I % 16 == 0)
         self.rows = 16 * len(self.sl)  # parked sums per warp and unit
         self.blk = 1024 + 256 * self.hw + self.scale_run()  # bytes of a block per slot
         self.region = self.cw * self.blk  # a slot's bytes in a stage
-        self.stage_bytes = len(self.sl) * self.region  # = a stage's slots of every per-warp ring (`rings`)
-        self.nbar = warps * stages if rings else stages  # full barriers (as many empty ones)
+        self.stage_bytes = len(self.sl) * self.region
 
     @cute.kernel
     def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
@@ -169,26 +160,20 @@ class GemvMmaBulk(GemvMmaSK):
 
         xsd = self.xs_smem(smem, mX, mN, eps)
         ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((S * self.stage_bytes // 4,)), byte_alignment=128)
-        bars = smem.allocate_tensor(cutlass.Int64, cute.make_layout((2 * self.nbar,)), byte_alignment=8)
+        bars = smem.allocate_tensor(cutlass.Int64, cute.make_layout((2 * S,)), byte_alignment=8)
         part = smem.allocate_tensor(cutlass.Float32, cute.make_layout((PARTS * self.cw * self.rows,)),
                                     byte_alignment=16)
         cnt = mWs.iterator.toint()
         wsp = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, wsp, ring.iterator.toint(),
                self._out_scale(mW, n_tiles, ngr))
-        full = bars.iterator.toint()  # full[j] at full + 8 j, empty[j] at full + 8 (nbar + j)
-        init_ring(full, self.nbar, 1 if self.rings else self.cw)
+        full = bars.iterator.toint()  # full[s] at full + 8 s, empty[s] at full + 8 (S + s)
+        init_ring(full, S, self.cw)
         if warp == self.cw:  # the whole ring before the wait: the weights are static
-            if cutlass.const_expr(self.rings):
-                if lane < B:
-                    for s in cutlass.range_constexpr(S):
-                        if c0 + lane + s * B < c1:
-                            self._fill_block(geo, full, c0 + lane + s * B, lane, s)
-            else:
-                if lane == 0:
-                    for s in cutlass.range_constexpr(S):
-                        if s < nst:
-                            self._fill(geo, full, c0, c1, s, s)
+            if lane == 0:
+                for s in cutlass.range_constexpr(S):
+                    if s < nst:
+                        self._fill(geo, full, c0, c1, s, s)
         gv = None
         if cutlass.const_expr(self.norm):
             gv = self.load_norm_w(xsd, k, ngr)
@@ -201,12 +186,8 @@ class GemvMmaBulk(GemvMmaSK):
         t0 = _clock() if ck else None
         clk = (cutlass.Int64(0), cutlass.Int64(0), cutlass.Int64(0))
         if warp == self.cw:
-            if cutlass.const_expr(self.rings):
-                if lane < B:
-                    clk = self._produce(geo, full, c0, c1, lane)
-            else:
-                if lane == 0:
-                    clk = self._produce_stages(geo, full, c0, c1, nst)
+            if lane == 0:
+                clk = self._produce(geo, full, c0, c1, nst)
         else:
             clk = self._consume(geo, full, part, xsd, mR, mY, c0, c1, nst)
         if cutlass.const_expr(ck):
@@ -216,7 +197,7 @@ class GemvMmaBulk(GemvMmaSK):
                     _st_u64(at + 8 * e, v)
 
     @cute.jit
-    def _produce_stages(self, geo, full, c0, c1, nst):
+    def _produce(self, geo, full, c0, c1, nst):
         """Stages S .. nst - 1 into the ring as their slots are released; (empty waits, issue, 0) cycles
         under the "clock" probe."""
         S = self.stages
@@ -236,40 +217,8 @@ class GemvMmaBulk(GemvMmaSK):
                 self._fill(geo, full, c0, c1, i, s)
         return tw, ti, cutlass.Int64(0)
 
-    @cute.jit
-    def _produce(self, geo, full, c0, c1, w):
-        """Per-warp rings, lane w of the producer warp: blocks c0 + w + B j (j >= stages) into warp w's slot
-        j % stages as the slot is released; (empty waits, issue, 0) cycles under the "clock" probe."""
-        B, S = self.cw, self.stages
-        tw = cutlass.Int64(0)
-        ti = cutlass.Int64(0)
-        b = c0 + w + S * B
-        s = cutlass.Int32(0)
-        phase = cutlass.Int32(0)
-        while b < c1:
-            if cutlass.const_expr(self.probe == "clock"):
-                ta = _clock()
-                _wait(full + 8 * (self.nbar + w * S + s), phase)
-                tb = _clock()
-                self._fill_block(geo, full, b, w, s)
-                tw = tw + (tb - ta)
-                ti = ti + (_clock() - tb)
-            else:
-                _wait(full + 8 * (self.nbar + w * S + s), phase)
-                self._fill_block(geo, full, b, w, s)
-            b = b + B
-            s = s + 1
-            if s == S:
-                s = cutlass.Int32(0)
-                phase = 1 - phase
-        return tw, ti, cutlass.Int64(0)
-
     def _addrs(self, geo, s, w, b):
-        """Shared addresses of the base, high and scale bytes of tile slot b of block w of stage s (`rings`:
-        of slot s of warp w's ring)."""
-        if self.rings:
-            d = geo[12] + (w * self.stages + s) * (len(self.sl) * self.blk) + b * self.blk
-            return d, d + 1024, d + 1024 + 256 * self.hw
+        """Shared addresses of the base, high and scale bytes of tile slot b of block w of stage s."""
         d = geo[12] + s * self.stage_bytes + b * self.region
         return (d + 1024 * w, d + 1024 * self.cw + 256 * self.hw * w,
                 d + (1024 + 256 * self.hw) * self.cw + self.scale_run() * w)
@@ -296,25 +245,6 @@ class GemvMmaBulk(GemvMmaSK):
             _bulk(ds, base + self._scale_off(scale, tile, p, ngr, 0), nb * self.scale_run(), bar)
 
     @cute.jit
-    def _fill_block(self, geo, full, blk, w, s):
-        """Per-warp rings: block blk of the run into slot s of warp w's ring, per tile slot its base, high
-        and scale bytes (3 bulk copies)."""
-        w_ptr, ngr, npairs, high, scale, _, _, m, n_tiles = geo[:9]
-        u = blk // npairs
-        p = blk - u * npairs
-        tiles = self._tiles(u, m, n_tiles)
-        base = w_ptr.toint()
-        bar = full + 8 * (w * self.stages + s)
-        _mbar_expect(bar, len(self.sl) * self.blk)
-        for b in cutlass.range_constexpr(len(self.sl)):
-            tile = tiles[self.sl[b]]
-            d, dh, ds = self._addrs(geo, s, w, b)
-            _bulk(d, base + base_offset(tile, 2 * p, ngr, 0), 1024, bar)
-            if cutlass.const_expr(self.hw > 0):
-                _bulk(dh, base + high_offset(self.bits, high, tile, 2 * p, ngr, 0), 256 * self.hw, bar)
-            _bulk(ds, base + self._scale_off(scale, tile, p, ngr, 0), self.scale_run(), bar)
-
-    @cute.jit
     def _consume(self, geo, full, part, xsd, mR, mY, c0, c1, nst):
         """This consumer warp's block of every stage; parks and finishes units as they end (module doc).
         Between two stages where something ends (a unit, the run) the stages run a loop with no bookkeeping
@@ -325,11 +255,7 @@ class GemvMmaBulk(GemvMmaSK):
         tidx, _, _ = cute.arch.thread_idx()
         warp = tidx // 32
         ck = self.probe == "clock"
-        fw = full  # this warp's full barriers (slot s at fw + 8 s) and empty ones
-        ew = full + 8 * S
-        if cutlass.const_expr(self.rings):
-            fw = full + 8 * (warp * S)
-            ew = full + 8 * (self.nbar + warp * S)
+        ew = full + 8 * S  # the empty barriers
         xsr = self._xs_lane(xsd, lane)
         ops = DslOps()
         kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
@@ -358,11 +284,11 @@ class GemvMmaBulk(GemvMmaSK):
             for _ in cutlass.range(i, ib, unroll=1):
                 if cutlass.const_expr(ck):
                     ta = _clock()
-                    _wait(fw + 8 * slot, phase)
+                    _wait(full + 8 * slot, phase)
                     tb = _clock()
                     tw = tw + (tb - ta)
                 else:
-                    _wait(fw + 8 * slot, phase)
+                    _wait(full + 8 * slot, phase)
                 self._slot_to_regs(geo, bufs, slot, warp)
                 cute.arch.sync_warp()
                 if lane == 0:
@@ -385,21 +311,12 @@ class GemvMmaBulk(GemvMmaSK):
             tail = last * (1 - ends * cutlass.Int32(vl == v0))  # the run ends inside unit vl
             valid = cutlass.Int32(blk < s1)
             ta = _clock() if ck else None
-            if cutlass.const_expr(self.rings):  # an invalid block's slot is never filled
-                if valid > 0:
-                    _wait(fw + 8 * slot, phase)
-                    self._slot_to_regs(geo, bufs, slot, warp)
-                cute.arch.sync_warp()
-                if lane == 0:
-                    if valid > 0:
-                        _mbar_arrive(ew + 8 * slot)
-            else:
-                _wait(fw + 8 * slot, phase)
-                if valid > 0:
-                    self._slot_to_regs(geo, bufs, slot, warp)
-                cute.arch.sync_warp()
-                if lane == 0:
-                    _mbar_arrive(ew + 8 * slot)
+            _wait(full + 8 * slot, phase)
+            if valid > 0:
+                self._slot_to_regs(geo, bufs, slot, warp)
+            cute.arch.sync_warp()
+            if lane == 0:
+                _mbar_arrive(ew + 8 * slot)
             tb = _clock() if ck else None
             mine = valid * cutlass.Int32(u == v0)  # my block belongs to v0
             if ends * (1 - mine) > 0:  # v0 ended before my block: park it first
@@ -438,8 +355,7 @@ class GemvMmaBulk(GemvMmaSK):
 
     @cute.jit
     def _slot_to_regs(self, geo, bufs, s, w):
-        """This lane's words of block w of ring slot s (`rings`: of slot s of warp w's ring) into the
-        register stage."""
+        """This lane's words of block w of ring slot s into the register stage."""
         lane = geo[5]
         wb, hbuf, sb, _ = bufs
         for b in cutlass.range_constexpr(len(self.sl)):

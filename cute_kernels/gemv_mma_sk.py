@@ -110,7 +110,7 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
-PROBES = ("", "nochain", "empty", "timeline", "nocompute")  # benchmark only (wrong results / extra writes)
+PROBES = ("", "nochain", "empty", "timeline", "nocompute", "nostage", "bare")  # benchmark only (wrong results / extra writes)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
 
@@ -145,7 +145,9 @@ class GemvMmaSK(GemvMma):
     also writes TIMELINE words after ws's words (at 8-aligned ws end + 8 TIMELINE warp): %globaltimer
     entering the run, after the PDL wait, after the x staging, before the last flush and after it; the SM
     (%smid); the run's first block | its block count << 32; then the time each of the run's first TRACE
-    blocks is in the ring (after its cp.async wait). "nocompute" streams the ring but neither decodes nor
+    blocks is in the ring (after its cp.async wait). "nostage" skips the x staging (x in shared memory is
+    whatever was there), "bare" skips both the staging and the flush chain (bounds for an x, or an epilogue,
+    that another kernel prepares). "nocompute" streams the ring but neither decodes nor
     multiplies (the loop's memory side alone)."""
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
@@ -255,7 +257,8 @@ class GemvMmaSK(GemvMma):
             gv = self.load_norm_w(xsd, k, ngr)
         cute.arch.griddepcontrol_wait()
         t1 = _now() if tl else None
-        self._stage_x(xsd, k, ngr, gv)
+        if cutlass.const_expr(self.probe not in ("nostage", "bare")):
+            self._stage_x(xsd, k, ngr, gv)
         cute.arch.sync_threads()
         t2 = _now() if tl else None
         t3 = t2
@@ -428,7 +431,7 @@ class GemvMmaSK(GemvMma):
         sums are in ws: every lane's fence releases its reds, lane 0 adds both counts (relaxed atomics in
         flight together), and the warp that completes a unit acquires and finishes it."""
         npairs, lane, cnt = geo[2], geo[5], geo[10]
-        if cutlass.const_expr(self.probe != "nochain"):  # the counters, then the finishing warp's read-back
+        if cutlass.const_expr(self.probe not in ("nochain", "bare")):  # the counters, the finishing warp's read-back
             cute.arch.fence_acq_rel_gpu()
             cute.arch.sync_warp()
             a0 = cutlass.Int32(-1)

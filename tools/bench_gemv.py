@@ -174,7 +174,7 @@ def clock_row(kern: "mv.GemvMmaSK", y, m: int, n: int, k: int) -> str:
     pct = lambda a, e: 100 * np.median(a[:, e] / np.maximum(a[:, 3], 1))  # noqa: E731
     ghz = np.median(c[:, 3] / np.maximum(c[:, 7] - c[:, 6], 1))
     t = (c[:, 4:] - c[:, 5].min()) / 1e3  # us from the earliest PDL-wait return
-    return (f"| {kern.name} | {pct(cons, 0):.0f} | {pct(cons, 1):.0f} | {pct(cons, 2):.0f} | {pct(prod, 0):.0f} | "
+    return (f"| {kern.name} [{n}x{k}] | {pct(cons, 0):.0f} | {pct(cons, 1):.0f} | {pct(cons, 2):.0f} | {pct(prod, 0):.0f} | "
             f"{pct(prod, 1):.0f} | {ghz:.2f} | {np.median(t[:, 0]):.1f} | {np.median(t[:, 2]):.1f} / {t[:, 2].max():.1f} | "
             f"{np.median(t[:, 3]):.1f} / {t[:, 3].max():.1f} |")
 
@@ -450,15 +450,18 @@ def print_probe_table(rows: list, ring: dict) -> None:
         if base in members:
             by[(r["shape"], probe)] = r
     print("\n| shape | member us (floor) | flush chain us | empty launch us | rest over the floor us | "
-          "no compute us |")
-    print("|---|---|---|---|---|---|")
+          "no compute us | no staging us | no staging, no chain us |")
+    print("|---|---|---|---|---|---|---|---|")
+    nan = dict(us=float("nan"))
     for shape in dict.fromkeys(r["shape"] for r in rows):
-        full, chain, empty, nocomp = (by.get((shape, p)) for p in ("", "nochain", "empty", "nocompute"))
+        full, chain, empty, nocomp, nostage, bare = (
+            by.get((shape, p)) for p in ("", "nochain", "empty", "nocompute", "nostage", "bare"))
         if not (full and chain and empty):
             continue
         rest = full["us"] - full["floor_us"] - (full["us"] - chain["us"]) - empty["us"]
         print(f"| {shape} | {full['us']:.1f} ({full['floor_us']:.1f}) | {full['us'] - chain['us']:.1f} | "
-              f"{empty['us']:.1f} | {rest:.1f} | {nocomp['us'] if nocomp else float('nan'):.1f} |")
+              f"{empty['us']:.1f} | {rest:.1f} | {(nocomp or nan)['us']:.1f} | {(nostage or nan)['us']:.1f} | "
+              f"{(bare or nan)['us']:.1f} |")
 
 
 def mma_cases(tune: bool) -> list:

@@ -233,9 +233,11 @@ def sk_variants(fmt: str, epilogue: str) -> list[Variant]:
 
 def probe_variants(fmt: str, epilogue: str, **ring) -> list[Variant]:
     """The stream-K member (the default, or `ring`: make_sk_variant's ring options) with its flush chain
-    skipped, with no stream at all, streaming without computing (timing probes for `tools/bench_gemv.py
-    --probe`; their outputs are wrong), and with per-warp %globaltimer stamps (`--timeline`)."""
-    return [make_sk_variant(fmt, epilogue, probe=p, **ring) for p in ("nochain", "empty", "nocompute", "timeline")]
+    skipped, with no stream at all, streaming without computing, without x staging, without staging and
+    flush chain (timing probes for `tools/bench_gemv.py --probe`; their outputs are wrong), and with
+    per-warp %globaltimer stamps (`--timeline`)."""
+    return [make_sk_variant(fmt, epilogue, probe=p, **ring)
+            for p in ("nochain", "empty", "nocompute", "timeline", "nostage", "bare")]
 
 
 # Bulk stream-K (cute_kernels/gemv_mma_bulk.py): one weight stream per SM (a producer thread's
@@ -246,23 +248,22 @@ def probe_variants(fmt: str, epilogue: str, **ring) -> list[Variant]:
 # `BULK`: the families carry the bulk member and run it wherever it streams (K > 128 (blocks per stage - 1);
 # swiglu I % 16 == 0).
 BULK = False
-BULK_RINGS = False  # with BULK: the per-warp-rings member (`_bkr`)
 BULK_WARPS = 15  # + the producer: 512 threads, so ptxas may give a thread 128 registers (at 544, 96: spills)
 BULK_STAGES = {("q4", False): 6, ("q5", False): 6, ("q6", False): 5, ("q4", True): 4, ("q5", True): 3,
                ("q6", True): 3}
 
 
 def make_bulk_variant(fmt: str, epilogue: str, stages: int | None = None, warps: int = BULK_WARPS,
-                      norm: bool = False, probe: str = "", rings: bool = False) -> Variant:
+                      norm: bool = False, probe: str = "") -> Variant:
     """The bulk stream-K member `<family>_bk` (Q4-Q6, T = 1, BULK_STAGES stages of `warps` blocks, 1 CTA of
-    warps + 1 warps per SM; `rings`: `<family>_bkr`, every consumer warp its own ring of BULK_STAGES slots);
-    other shapes `.._p<s>_w<w>`, `probe` "nocompute" / "clock" `.._probe_<probe>` (benchmark only)."""
+    warps + 1 warps per SM); other shapes `.._p<s>_w<w>`, `probe` "nocompute" / "clock" `.._probe_<probe>`
+    (benchmark only)."""
     _, bits, group = FORMATS[fmt]
     if bits == 8:
         raise LaunchError("bulk stream-K GEMV: Q4-Q6 at T = 1 only")
     default = BULK_STAGES[(FORMATS[fmt][0], epilogue == "swiglu")]
     stages = stages or default
-    name = f"{variant_name(fmt, epilogue, 1, norm)}_bk" + ("r" if rings else "")
+    name = f"{variant_name(fmt, epilogue, 1, norm)}_bk"
     if (stages, warps) != (default, BULK_WARPS):
         name += f"_p{stages}_w{warps}"
     if probe:
@@ -271,25 +272,22 @@ def make_bulk_variant(fmt: str, epilogue: str, stages: int | None = None, warps:
     return Variant(
         name=name, op="gemv_mma", source="cute_kernels.gemv_mma_bulk", cls="GemvMmaBulk",
         config=dict(bits=bits, group=group, cols=1, epilogue=epilogue, warps=warps, stages=stages, ctas=1,
-                    kmax=kmax_for(norm), sk=True, bulk=True, **({"rings": True} if rings else {}),
+                    kmax=kmax_for(norm), sk=True, bulk=True,
                     **({"norm": True} if norm else {}), **({"probe": probe} if probe else {})),
         archs=("sm_90a",),  # cp.async.bulk + the ring's shared memory: sm_90
         args=(w, x, r, y, Tensor("ws", "i32", ("WS",), (1,)), *norm_tensors(norm)), grid=("SMS", "1", "1"),
         divisibility={"K": 8, "x_stride": 8}, pdl=True,
         summary=f"bulk stream-K {epilogue} GEMV, W {fmt} {LAYOUT}, x bf16 [1, K <= {kmax_for(norm)}] in shared "
-                "memory, one weight stream per SM (cp.async.bulk" + (" into per-warp rings" if rings else "")
-                + "), mma.sync bf16, fp32 accumulate, self-cleaning workspace",
+                "memory, one weight stream per SM (cp.async.bulk), mma.sync bf16, fp32 accumulate, self-cleaning "
+                "workspace",
     )
 
 
 def bulk_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """Bulk alternatives for the benchmark: per-warp rings (`_bkr`, also one slot more), and the `nocompute`
-    and `clock` probes of both."""
+    """Bulk alternatives for the benchmark: the member's `nocompute` and `clock` probes."""
     if FORMATS[fmt][1] == 8:
         return []
-    d = BULK_STAGES[(FORMATS[fmt][0], epilogue == "swiglu")]
-    return [make_bulk_variant(fmt, epilogue, rings=True), make_bulk_variant(fmt, epilogue, stages=d + 1, rings=True)] + [
-        make_bulk_variant(fmt, epilogue, probe=p, rings=r) for r in (False, True) for p in ("nocompute", "clock")]
+    return [make_bulk_variant(fmt, epilogue, probe=p) for p in ("nocompute", "clock")]
 
 
 def sk_workspace_bytes(m: int, n_w: int, cols: int) -> int:
@@ -315,7 +313,7 @@ def t1_fast_members(fmt: str, epilogue: str, norm: bool = False) -> list[Variant
         return []
     return ([make_variant(fmt, epilogue, 1, kw, xs=True, norm=norm) for kw in XS_KW]
             + [make_sk_variant(fmt, epilogue, norm=norm)]
-            + ([make_bulk_variant(fmt, epilogue, norm=norm, rings=BULK_RINGS)] if BULK else []))
+            + ([make_bulk_variant(fmt, epilogue, norm=norm)] if BULK else []))
 
 
 GEMV_MMA_VARIANTS: tuple[Variant, ...] = tuple(

@@ -235,26 +235,24 @@ BULK_CASES = (("plain", *VALUE_Z), ("plain", 300, 2048), ("plain", 8, 17408), ("
               ("residual", *DOWN), ("residual", *GDN_OUT), ("residual", 1002, 2048))
 
 
-@pytest.mark.parametrize("rings", [False, True])
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("fmt", FORMATS[:3])
-def test_bulk_members(device, rng, fmt, norm, rings):
-    """Every bulk member (one CTA ring; per-warp rings) matches the model (twice: the second launch reuses
-    the workspace the first left zeroed) and refuses the shapes it cannot stream (K < 128 blocks-per-stage,
-    swiglu I % 16 != 0)."""
+def test_bulk_members(device, rng, fmt, norm):
+    """Every bulk member matches the model (twice: the second launch reuses the workspace the first left
+    zeroed) and refuses the shapes it cannot stream (K < 128 blocks-per-stage, swiglu I % 16 != 0)."""
     for epi, n, k in BULK_CASES:
         if norm and (epi == "residual" or k > mv.NORM_KMAX):  # the `_n` families: plain and swiglu, K <= NORM_KMAX
             continue
-        kern = mv.GemvMmaSK(load(mv.make_bulk_variant(fmt, epi, norm=norm, rings=rings), device))
+        kern = mv.GemvMmaSK(load(mv.make_bulk_variant(fmt, epi, norm=norm), device))
         try:
             for _ in range(2):
                 run_case(device, rng, fmt, epi, n, k, 1, kern, norm=norm)
         finally:
             kern.free()
-    small = mv.GemvMmaSK(load(mv.make_bulk_variant(fmt, "plain", norm=norm, rings=rings), device))
+    small = mv.GemvMmaSK(load(mv.make_bulk_variant(fmt, "plain", norm=norm), device))
     with pytest.raises(LaunchError, match="K >= "):
         run_case(device, rng, fmt, "plain", 64, 1024, 1, small, norm=norm)
-    ragged = mv.GemvMmaSK(load(mv.make_bulk_variant(fmt, "swiglu", norm=norm, rings=rings), device))
+    ragged = mv.GemvMmaSK(load(mv.make_bulk_variant(fmt, "swiglu", norm=norm), device))
     with pytest.raises(LaunchError, match="I % 16"):
         run_case(device, rng, fmt, "swiglu", 1002, 2048, 1, ragged, norm=norm)
 
@@ -276,8 +274,7 @@ def test_family_picks_bulk(device, rng, fmt):
 
 @pytest.mark.parametrize("fmt", FORMATS[1:2])
 def test_bulk_alternatives(device, rng, fmt):
-    """The benchmark's bulk shapes (per-warp rings, a slot more) and the `clock` probes compute the same on the
-    27B shapes."""
+    """The bulk member's `clock` probe computes the same on the 27B shapes."""
     for epi, n, k in (("plain", *VALUE_Z), ("swiglu", *GATE_UP), ("residual", *DOWN), ("residual", *GDN_OUT)):
         for v in mv.bulk_variants(fmt, epi):
             if v.config.get("probe") == "nocompute":
