@@ -382,15 +382,16 @@ def _cuobjdump() -> str | None:
 
 def test_probe_variants(tmp_path):
     """The benchmark's stream-K probes build; in their SASS (where cuobjdump is installed) `nochain` keeps
-    the row sums' reds but no unit-counter atomics, `empty` and `nocompute` have no mma at all; the member
-    is untouched."""
+    the row sums' reds but no unit-counter atomics, `empty` and `nocompute` have no mma at all, `nostage`
+    stores nothing to shared memory (the staging is x's only shared store), `bare` neither that nor atomics;
+    the member is untouched."""
     import subprocess
 
     from inferno.kernels.build import build_variant
 
     probes = mv.probe_variants("Q5G64_F16S", "residual")
     assert [v.name for v in probes] == [f"gemv_mma_q5_t1_res_sk_probe_{p}"
-                                        for p in ("nochain", "empty", "nocompute", "timeline")]
+                                        for p in ("nochain", "empty", "nocompute", "timeline", "nostage", "bare")]
     assert all(v.name not in {m.name for m in mv.GEMV_MMA_VARIANTS} for v in probes)  # never the executor's
     member = mv.make_sk_variant("Q5G64_F16S", "residual")
     assert "probe" not in member.config
@@ -409,6 +410,8 @@ def test_probe_variants(tmp_path):
     assert "HMMA" not in sass["empty"] and "RED" not in sass["empty"]
     assert "HMMA" not in sass["nocompute"] and "LDGSTS" in sass["nocompute"] and "RED" in sass["nocompute"]
     assert "GLOBALTIMER" in sass["timeline"] and "GLOBALTIMER" not in sass[""]
+    assert " STS" in sass[""] and " STS" not in sass["nostage"] and "ATOM" in sass["nostage"]
+    assert " STS" not in sass["bare"] and "ATOM" not in sass["bare"] and "HMMA" in sass["bare"]
 
 
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),
