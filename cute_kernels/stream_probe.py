@@ -18,9 +18,75 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.gemv_mma_bulk import _bulk, _mbar_arrive, _mbar_expect, _wait, init_ring
-from cute_kernels.gemv_mma_sk import _cp_async, _lds
+from cute_kernels.gemv_mma_sk import _asm_se, _cp_async, _lds
+
+
+@dsl_user_op
+def _mbar_init(addr, count: int, *, loc=None, ip=None):
+    """Initialise the mbarrier at shared address addr for `count` arrivals."""
+    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], f"mbarrier.init.shared::cta.b64 [$0], {count};",
+            "r", loc, ip)
+
+
+@dsl_user_op
+def _mbar_init_fence(*, loc=None, ip=None):
+    """Make initialised mbarriers visible to the async proxy (bulk copies)."""
+    _asm_se(None, [], "fence.mbarrier_init.release.cluster;", "", loc, ip)
+
+
+@dsl_user_op
+def _mbar_expect(addr, nbytes, *, loc=None, ip=None):
+    """Arrive on the barrier at addr, expecting nbytes of bulk copies in this phase."""
+    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip), cutlass.Int32(nbytes).ir_value(loc=loc, ip=ip)],
+            "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", "r,r", loc, ip)
+
+
+@dsl_user_op
+def _mbar_arrive(addr, *, loc=None, ip=None):
+    """Arrive on the barrier at addr (release: this thread's reads of the slot are done)."""
+    _asm_se(None, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], "mbarrier.arrive.shared::cta.b64 _, [$0];", "r",
+            loc, ip)
+
+
+@dsl_user_op
+def _mbar_done(addr, parity, *, loc=None, ip=None) -> cutlass.Int32:
+    """1 when the barrier's phase of this parity has completed (try_wait: suspends a while), else 0."""
+    return cutlass.Int32(_asm_se(
+        T.i32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip), cutlass.Int32(parity).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2;\n\tselp.u32 $0, 1, 0, p;\n\t}",
+        "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def _bulk(dst, src, nbytes, bar, *, loc=None, ip=None):
+    """cp.async.bulk of nbytes (a multiple of 16) from global src to shared dst, completing on barrier bar."""
+    _asm_se(None, [cutlass.Int32(dst).ir_value(loc=loc, ip=ip), cutlass.Int64(src).ir_value(loc=loc, ip=ip),
+                   cutlass.Int32(nbytes).ir_value(loc=loc, ip=ip), cutlass.Int32(bar).ir_value(loc=loc, ip=ip)],
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];", "r,l,r,r",
+            loc, ip)
+
+
+@cute.jit
+def _wait(bar, parity):
+    """Until the barrier's phase of this parity has completed."""
+    while _mbar_done(bar, parity) == 0:
+        pass
+
+
+@cute.jit
+def init_ring(full, stages: int, consumers: int):
+    """Thread 0: full[s] (1 arrival + the bulk bytes) at full + 8 s and empty[s] (`consumers` arrivals) at
+    full + 8 (stages + s), made visible to the bulk copies; then every thread of the CTA synchronises."""
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        for s in cutlass.range_constexpr(stages):
+            _mbar_init(full + 8 * s, 1)
+            _mbar_init(full + 8 * (stages + s), consumers)
+        _mbar_init_fence()
+    cute.arch.sync_threads()
+
 
 MODES = ("warp", "bulk")
 BLOCK = 2048  # "warp": bytes a warp copies per block (32 lanes x 4 x 16)

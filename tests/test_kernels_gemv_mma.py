@@ -210,11 +210,8 @@ def test_alternatives():
 
 def test_variant_table():
     names = {v.name for v in mv.GEMV_MMA_VARIANTS}
-    # register-x K splits for every (format, epilogue, T), + T = 1 Q4-Q6: xs K splits, stream-K and bulk stream-K
-    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == (4 * 3 * 2 * len(mv.KW)
-                                                       + (3 * 3 + 3 * 2) * (len(mv.XS_KW) + 1 + mv.BULK))
-    assert ("gemv_mma_q4_t1_swiglu_n_bk" in names) == mv.BULK
-    assert mv.make_bulk_variant("Q5G64_F16S", "residual", stages=3).name == "gemv_mma_q5_t1_res_bk_p3_w15"
+    # register-x K splits for every (format, epilogue, T), + T = 1 Q4-Q6: xs K splits and stream-K
+    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == 4 * 3 * 2 * len(mv.KW) + (3 * 3 + 3 * 2) * (len(mv.XS_KW) + 1)
     assert mv.variant_name("Q4G64_F16S", "swiglu", 1) == "gemv_mma_q4_t1_swiglu"
     assert mv.variant_name("W8G32_F16S", "residual", 2) == "gemv_mma_w8_t8_res"
     assert mv.variant_name("Q6G64_F16S", "plain", 8) == "gemv_mma_q6_t8"
@@ -266,24 +263,18 @@ def test_launcher_refuses_bad_arguments():
 
 
 def test_family_members_and_choice():
-    """A T = 1 Q4-Q6 family holds register-x, xs, stream-K and bulk stream-K members; the launcher takes
-    stream-K where `sk_wins` (the 27B value_z, gate_up, down, GDN / attention outputs; bulk where it streams),
-    xs (kw 2 from 512 units, else 4) for the rest, and the register-x K split only for K past KMAX. W8 and T = 8 families are register-x only."""
+    """A T = 1 Q4-Q6 family holds register-x, xs and stream-K members; the launcher takes stream-K where
+    `sk_wins` (the 27B value_z, gate_up, down, GDN / attention outputs), xs (kw 2 from 512 units, else 4)
+    for the rest, and the register-x K split only for K past KMAX. W8 and T = 8 families are register-x only."""
     names = mv.family_members("gemv_mma_q4_t1_swiglu")
     assert names == ["gemv_mma_q4_t1_swiglu_k2", "gemv_mma_q4_t1_swiglu_k4", "gemv_mma_q4_t1_swiglu_k8",
-                     "gemv_mma_q4_t1_swiglu_k2_xs", "gemv_mma_q4_t1_swiglu_k4_xs", "gemv_mma_q4_t1_swiglu_sk"] + \
-        ["gemv_mma_q4_t1_swiglu_bk"] * mv.BULK
+                     "gemv_mma_q4_t1_swiglu_k2_xs", "gemv_mma_q4_t1_swiglu_k4_xs", "gemv_mma_q4_t1_swiglu_sk"]
     assert mv.family_members("gemv_mma_w8_t1") == [f"gemv_mma_w8_t1_k{kw}" for kw in mv.KW]
     assert mv.family_members("gemv_mma_q5_t8_res") == [f"gemv_mma_q5_t8_res_k{kw}" for kw in mv.KW]
     assert mv.family_members("gemv_mma_q6_t1_k4_xs") == ["gemv_mma_q6_t1_k4_xs"]
     fam = {epi: mv.GemvMma(*(_Loaded(mv.gemv_mma_variant(n)) for n in mv.family_members(mv.variant_name(
-        "Q5G64_F16S", epi, 1)) if not n.endswith("_bk")), _Loaded(mv.make_bulk_variant("Q5G64_F16S", epi)))
-           for epi in ("plain", "swiglu", "residual")}
-    assert fam["swiglu"].member(17408, 5120) is fam["swiglu"].bulk  # gate_up: 1088 units x 40 pairs
-    assert fam["swiglu"].member(17400, 5120) is fam["swiglu"].sk  # I % 16 != 0: the cp.async stream-K
-    short = 128 * (mv.BULK_WARPS - 1)  # K of fewer pairs a unit than a bulk stage's blocks
-    assert fam["plain"].member(40000, short) is fam["plain"].sk
-    assert fam["plain"].member(40000, short + 1) is fam["plain"].bulk
+        "Q5G64_F16S", epi, 1)))) for epi in ("plain", "swiglu", "residual")}
+    assert isinstance(fam["swiglu"].member(17408, 5120), mv.GemvMmaSK)  # gate_up: 1088 units x 40 pairs
     assert isinstance(fam["residual"].member(5120, 17408), mv.GemvMmaSK)  # down: 320 x 136
     assert isinstance(fam["plain"].member(12288, 5120), mv.GemvMmaSK)  # value_z: 30,720 blocks
     assert isinstance(fam["residual"].member(5120, 6144), mv.GemvMmaSK)  # GDN / attention output: 15,360
@@ -440,19 +431,6 @@ def test_mlp_probe_builds(tmp_path):
     spec.loader.exec_module(tool)
     m = build_variant(tool.probe_variant(), "sm_90a", tmp_path)
     assert m.block == [512, 1, 1] and m.smem <= mv.SMEM_BLOCK
-
-
-def test_bulk_members_build(tmp_path):
-    """The bulk stream-K members (1 producer + BULK_WARPS consumer warps) build for sm_90a with the ring and x
-    within one CTA's shared memory, and W8 has none."""
-    from inferno.kernels.build import build_variant
-
-    for fmt, epi, norm in (("Q4G64_F16S", "swiglu", True), ("Q5G64_F16S", "residual", False),
-                           ("Q6G64_F16S", "swiglu", False)):
-        m = build_variant(mv.make_bulk_variant(fmt, epi, norm=norm), "sm_90a", tmp_path)
-        assert m.block == [32 * (mv.BULK_WARPS + 1), 1, 1] and m.smem <= mv.SMEM_BLOCK
-    with pytest.raises(LaunchError, match="Q4-Q6"):
-        mv.make_bulk_variant("W8G32_F16S", "plain")
 
 
 def test_stream_probe_builds(tmp_path):

@@ -143,40 +143,11 @@ def bench_case(kern: "GemvQ | mv.GemvMma", w: Weights, n: int, k: int, cols: int
     ge.close()
     g.close()
     if isinstance(kern, mv.GemvMmaSK):
-        if kern.loaded.manifest.config.get("probe") == "clock":
-            CLOCK_ROWS.append(clock_row(kern, y, m, n, k))
         kern.free()
     for b in (x, y, r):
         if b is not None:
             b.free()
     return 1000 * ms / launches
-
-
-CLOCK_ROWS: list[str] = []  # --bulk: one table row per `clock` probe timed
-
-
-def clock_row(kern: "mv.GemvMmaSK", y, m: int, n: int, k: int) -> str:
-    """A table row of the bulk `clock` probe's counts (the last launch on output y): per consumer warp the
-    share of its cycles after x staging spent waiting for its blocks, reading and computing them, and at unit
-    ends (medians over the warps); the producer's share waiting for empty slots and issuing copies; the SM
-    clock (cycles / globaltimer ns after staging, median); us from the earliest PDL-wait return to x staged and
-    to the warps' ends (median / max)."""
-    from inferno.cuda.copy import from_device
-
-    ws = kern._ws[next(key for key in kern._ws if key[0] == int(y.ptr))]
-    base = mv.sk_workspace_bytes(m, n, 1)
-    base += -(int(ws.ptr) + base) % 8
-    grid, warps = kern.grid(m, k), kern.warps + 1
-    raw = from_device(ws, np.uint8, (ws.nbytes,))[base:base + 8 * mv.CLOCK * grid * warps]
-    c = raw.view(np.int64).reshape(grid * warps, mv.CLOCK).astype(np.float64)
-    prod = c[warps - 1::warps]
-    cons = np.delete(c, np.s_[warps - 1::warps], axis=0)
-    pct = lambda a, e: 100 * np.median(a[:, e] / np.maximum(a[:, 3], 1))  # noqa: E731
-    ghz = np.median(c[:, 3] / np.maximum(c[:, 7] - c[:, 6], 1))
-    t = (c[:, 4:] - c[:, 5].min()) / 1e3  # us from the earliest PDL-wait return
-    return (f"| {kern.name} [{n}x{k}] | {pct(cons, 0):.0f} | {pct(cons, 1):.0f} | {pct(cons, 2):.0f} | {pct(prod, 0):.0f} | "
-            f"{pct(prod, 1):.0f} | {ghz:.2f} | {np.median(t[:, 0]):.1f} | {np.median(t[:, 2]):.1f} / {t[:, 2].max():.1f} | "
-            f"{np.median(t[:, 3]):.1f} / {t[:, 3].max():.1f} |")
 
 
 def tune_cases() -> list:
@@ -225,8 +196,6 @@ def main() -> None:
                     help="T = 1 on the 27B shapes, NVFP4: CUDA-core GEMV vs the tensor-core family and members")
     ap.add_argument("--probe", action="store_true",
                     help="stream-K members vs their probes (no flush chain; no stream) on the 27B shapes")
-    ap.add_argument("--bulk", action="store_true",
-                    help="27B stream-K shapes: the cp.async stream-K member vs the bulk-copy members (mv.bulk_variants)")
     ap.add_argument("--timeline", action="store_true",
                     help="per-warp timeline of the 27B stream-K shapes (the `timeline` probe; build with --probe)")
     ap.add_argument("--sk", action="append", default=[], metavar="KEY=VALUE",
@@ -248,8 +217,6 @@ def main() -> None:
         extra = xs_cases()
     if a.probe:
         extra = probe_cases(a.ring)
-    if a.bulk:
-        extra = bulk_cases()
     if a.build:
         from inferno.kernels.build import build_all
 
@@ -260,7 +227,7 @@ def main() -> None:
     dev, stream, rng, copy = open_bench(a.pdl)
     cols_list = (1, 8) if a.quick else (1, 2, 4, 8)
     cases = []  # (label, kernel, fmt, shape)
-    for fmt in ([] if a.mma or a.probe or a.bulk else FMT_SHORT):
+    for fmt in ([] if a.mma or a.probe else FMT_SHORT):
         for shape in LAYER_SHAPES:
             for cols in cols_list:
                 cases.append((variant_name(fmt, "plain", cols), fmt, shape, cols, None))
@@ -317,12 +284,6 @@ def main() -> None:
         print_mma_table(rows_out, copy)
     if a.probe:
         print_probe_table(rows_out, a.ring)
-    if CLOCK_ROWS:
-        print("\n| clock probe | consumer % waiting | % reading + computing | % unit ends | producer % waiting | "
-              "producer % issuing | SM GHz | warp start us (median) | x staged us (median / max) | "
-              "warp end us (median / max) |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
-        print("\n".join(CLOCK_ROWS))
 
 
 PROBE_COMBOS = (("Q4G64_F16S", "gate_up", "swiglu"), ("Q5G64_F16S", "down", "residual"),
@@ -479,13 +440,6 @@ def mma_cases(tune: bool) -> list:
                     out += [(mv.make_variant(fmt, epi, 1, kw), fmt, shape) for kw in mv.KW]
                     out += [(v, fmt, shape) for v in mv.alternatives(fmt, epi, 1)]
     return out
-
-
-def bulk_cases() -> list:
-    """The 27B decode's stream-K GEMVs (PROBE_COMBOS): the cp.async stream-K member, the bulk member and
-    its alternative shapes and probes."""
-    return [(v, fmt, shape) for fmt, shape, epi in PROBE_COMBOS
-            for v in [mv.make_sk_variant(fmt, epi), mv.make_bulk_variant(fmt, epi)] + mv.bulk_variants(fmt, epi)]
 
 
 def xs_cases() -> list:

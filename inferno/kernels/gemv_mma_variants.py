@@ -169,7 +169,6 @@ SK_CTAS, SK_WARPS = 1, 16  # the stream-K grid: CTAs per SM, warps per CTA
 SK_MIN_BLOCKS = 4  # blocks per warp at least (small problems use fewer CTAs)
 COUNTER_ALIGN = 32  # cute_kernels/gemv_mma_sk.py: counters padded before the fp32 sums
 TIMELINE = 7 + 32  # cute_kernels/gemv_mma_sk.py TIMELINE (7 + TRACE): u64 words per warp of the "timeline" probe
-CLOCK = 8  # cute_kernels/gemv_mma_bulk.py CLOCK: u64 words per warp of the bulk "clock" probe
 SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
@@ -240,56 +239,6 @@ def probe_variants(fmt: str, epilogue: str, **ring) -> list[Variant]:
             for p in ("nochain", "empty", "nocompute", "timeline", "nostage", "bare")]
 
 
-# Bulk stream-K (cute_kernels/gemv_mma_bulk.py): one weight stream per SM (a producer thread's
-# cp.async.bulk copies into a CTA ring, BULK_WARPS consumer warps taking blocks of each stage).
-# tools/bench_stream_probe.py --pdl (H200, 2026-11-30): per-SM bulk streams of the bytes alone end their launches
-# at 95-96 % of copy on the 27B stream-K sizes against 87 % for per-warp cp.async runs; the GEMV built on it
-# is slower so far (tools/bench_gemv.py --bulk: 28.5 vs 26.3 us on gate_up, 21.8 vs 18.8 on down; decode -14 %).
-# `BULK`: the families carry the bulk member and run it wherever it streams (K > 128 (blocks per stage - 1);
-# swiglu I % 16 == 0).
-BULK = False
-BULK_WARPS = 15  # + the producer: 512 threads, so ptxas may give a thread 128 registers (at 544, 96: spills)
-BULK_STAGES = {("q4", False): 6, ("q5", False): 6, ("q6", False): 5, ("q4", True): 4, ("q5", True): 3,
-               ("q6", True): 3}
-
-
-def make_bulk_variant(fmt: str, epilogue: str, stages: int | None = None, warps: int = BULK_WARPS,
-                      norm: bool = False, probe: str = "") -> Variant:
-    """The bulk stream-K member `<family>_bk` (Q4-Q6, T = 1, BULK_STAGES stages of `warps` blocks, 1 CTA of
-    warps + 1 warps per SM); other shapes `.._p<s>_w<w>`, `probe` "nocompute" / "clock" `.._probe_<probe>`
-    (benchmark only)."""
-    _, bits, group = FORMATS[fmt]
-    if bits == 8:
-        raise LaunchError("bulk stream-K GEMV: Q4-Q6 at T = 1 only")
-    default = BULK_STAGES[(FORMATS[fmt][0], epilogue == "swiglu")]
-    stages = stages or default
-    name = f"{variant_name(fmt, epilogue, 1, norm)}_bk"
-    if (stages, warps) != (default, BULK_WARPS):
-        name += f"_p{stages}_w{warps}"
-    if probe:
-        name += f"_probe_{probe}"
-    w, x, r, y = gemv_tensors(epilogue)
-    return Variant(
-        name=name, op="gemv_mma", source="cute_kernels.gemv_mma_bulk", cls="GemvMmaBulk",
-        config=dict(bits=bits, group=group, cols=1, epilogue=epilogue, warps=warps, stages=stages, ctas=1,
-                    kmax=kmax_for(norm), sk=True, bulk=True,
-                    **({"norm": True} if norm else {}), **({"probe": probe} if probe else {})),
-        archs=("sm_90a",),  # cp.async.bulk + the ring's shared memory: sm_90
-        args=(w, x, r, y, Tensor("ws", "i32", ("WS",), (1,)), *norm_tensors(norm)), grid=("SMS", "1", "1"),
-        divisibility={"K": 8, "x_stride": 8}, pdl=True,
-        summary=f"bulk stream-K {epilogue} GEMV, W {fmt} {LAYOUT}, x bf16 [1, K <= {kmax_for(norm)}] in shared "
-                "memory, one weight stream per SM (cp.async.bulk), mma.sync bf16, fp32 accumulate, self-cleaning "
-                "workspace",
-    )
-
-
-def bulk_variants(fmt: str, epilogue: str) -> list[Variant]:
-    """Bulk alternatives for the benchmark: the member's `nocompute` and `clock` probes."""
-    if FORMATS[fmt][1] == 8:
-        return []
-    return [make_bulk_variant(fmt, epilogue, probe=p) for p in ("nocompute", "clock")]
-
-
 def sk_workspace_bytes(m: int, n_w: int, cols: int) -> int:
     """Bytes of the stream-K workspace: unit counters, then fp32 sums [cols, n_w]."""
     units = -(-m // 16)
@@ -312,8 +261,7 @@ def t1_fast_members(fmt: str, epilogue: str, norm: bool = False) -> list[Variant
     if FORMATS[fmt][1] == 8 or (norm and epilogue == "residual"):
         return []
     return ([make_variant(fmt, epilogue, 1, kw, xs=True, norm=norm) for kw in XS_KW]
-            + [make_sk_variant(fmt, epilogue, norm=norm)]
-            + ([make_bulk_variant(fmt, epilogue, norm=norm)] if BULK else []))
+            + [make_sk_variant(fmt, epilogue, norm=norm)])
 
 
 GEMV_MMA_VARIANTS: tuple[Variant, ...] = tuple(
@@ -349,12 +297,8 @@ class GemvMma:
         self.by_kw: dict[int, tuple[Any, int]] = {}  # x in registers
         self.xs_by_kw: dict[int, tuple[Any, int]] = {}  # x in shared memory
         self.sk: GemvMmaSK | None = None
-        self.bulk: GemvMmaSK | None = None  # the bulk stream-K member: preferred where it streams
         for lk in loaded:
             c = lk.manifest.config
-            if c.get("bulk"):
-                self.bulk = self.sk_cls(lk)
-                continue
             if c.get("sk"):
                 self.sk = self.sk_cls(lk)
                 continue
@@ -399,11 +343,8 @@ class GemvMma:
         """The stream-K launcher, or (loaded kernel, outputs per CTA), for m outputs and K = k."""
         blocks = -(-m // 16) * (-(-k // 128))
         kmax = kmax_for(self.norm)
-        if k <= kmax and sk_wins(blocks, self.epilogue):
-            if self.bulk is not None and self.bulk.refusal(m, k) is None:
-                return self.bulk
-            if self.sk is not None:
-                return self.sk
+        if k <= kmax and self.sk is not None and sk_wins(blocks, self.epilogue):
+            return self.sk
         if k <= kmax and self.xs_by_kw:
             return self.xs_by_kw[2 if -(-m // 16) >= XS_KW2_UNITS and 2 in self.xs_by_kw else max(self.xs_by_kw)]
         if not self.by_kw:
@@ -411,10 +352,9 @@ class GemvMma:
         return self.by_kw[k_split(m, k, self.epilogue, tuple(self.by_kw))]
 
     def free(self) -> None:
-        """Release the stream-K members' workspaces."""
-        for sk in (self.sk, self.bulk):
-            if sk is not None:
-                sk.free()
+        """Release the stream-K member's workspaces."""
+        if self.sk is not None:
+            self.sk.free()
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
@@ -450,7 +390,6 @@ class GemvMmaSK:
         self.fmt = self._format(c)
         self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
         self.norm = bool(c.get("norm"))
-        self.bulk = bool(c.get("bulk"))
         self._ws: dict[tuple[int, int], DeviceBuffer] = {}
 
 
@@ -478,16 +417,6 @@ class GemvMmaSK:
             ws.free()
         self._ws.clear()
 
-    def refusal(self, m: int, k: int) -> str | None:
-        """Why this member cannot run m outputs at K = k (None: it can)."""
-        if k > self.kmax:
-            return f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family"
-        if self.bulk and -(-k // 128) < self.warps:
-            return f"{self.name} takes K >= {128 * (self.warps - 1) + 1} (a stage's blocks within a unit), got {k}"
-        if self.bulk and self.epilogue == "swiglu" and m % 16:
-            return f"{self.name} takes I % 16 == 0 (gate and up rows streamed as two runs), got I = {m}"
-        return None
-
     def grid(self, m: int, k: int) -> int:
         """CTAs of a launch for m outputs and K = k."""
         blocks = -(-m // 16) * (-(-k // 128))
@@ -496,16 +425,12 @@ class GemvMmaSK:
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
                  stream: Any = None) -> None:
-        why = self.refusal(n // 2 if self.epilogue == "swiglu" else n, k)
-        if why:
-            raise LaunchError(why)
+        if k > self.kmax:
+            raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
         m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         nbytes = sk_workspace_bytes(m, n, self.cols)
-        probe = self.loaded.manifest.config.get("probe")
-        if probe == "timeline":  # its stamps after the words (benchmark)
+        if self.loaded.manifest.config.get("probe") == "timeline":  # its stamps after the words (benchmark)
             nbytes += 8 + 8 * TIMELINE * self.grid(m, k) * self.warps
-        if probe == "clock":  # the bulk member's cycle counts, producer warp included (benchmark)
-            nbytes += 8 + 8 * CLOCK * self.grid(m, k) * (self.warps + 1)
         args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
         args += norm_args(self.name, self.norm, norm, k)
         mf = self.loaded.manifest

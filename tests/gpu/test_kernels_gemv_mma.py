@@ -2,8 +2,7 @@
 `tile16-v1` image (`inferno.kernels.tiled.tile`), every format x epilogue, T = 1, 2, 5, 8, the 27B
 shapes (gate_up, down, GDN value_z, query_key, GDN output, attention q|k, the Q6 output head on
 sampled columns), ragged and small odd ones, every K-split member and the benchmark's alternative
-kernel shapes on a few shapes, the bulk-copy stream-K members (a unit wholly in one CTA, over two, over
-every CTA of the launch); fresh random
+kernel shapes on a few shapes; fresh random
 inputs, poisoned outputs with a guard tail. Cubins come from $INFERNO_KERNEL_DIR
 (`python -m inferno.kernels.gemv_mma_variants DIR`).
 """
@@ -224,63 +223,3 @@ def test_launcher_refuses_bad_arguments(device):
     finally:
         for b in (w, x, y):
             b.free()
-
-
-# ---- the bulk-copy stream-K member (cute_kernels/gemv_mma_bulk.py) ----
-
-# (epilogue, n, k): 27B shapes; K = 2048 (pairs = blocks per stage); one unit over three CTAs (8 x 17408);
-# ragged plain / residual; swiglu with I % 16 == 0
-BULK_CASES = (("plain", *VALUE_Z), ("plain", 300, 2048), ("plain", 8, 17408), ("plain", 1002, 4096),
-              ("swiglu", *GATE_UP), ("swiglu", 96, 2048), ("swiglu", 4096, 5120),
-              ("residual", *DOWN), ("residual", *GDN_OUT), ("residual", 1002, 2048))
-
-
-@pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("fmt", FORMATS[:3])
-def test_bulk_members(device, rng, fmt, norm):
-    """Every bulk member matches the model (twice: the second launch reuses the workspace the first left
-    zeroed) and refuses the shapes it cannot stream (K < 128 blocks-per-stage, swiglu I % 16 != 0)."""
-    for epi, n, k in BULK_CASES:
-        if norm and (epi == "residual" or k > mv.NORM_KMAX):  # the `_n` families: plain and swiglu, K <= NORM_KMAX
-            continue
-        kern = mv.GemvMmaSK(load(mv.make_bulk_variant(fmt, epi, norm=norm), device))
-        try:
-            for _ in range(2):
-                run_case(device, rng, fmt, epi, n, k, 1, kern, norm=norm)
-        finally:
-            kern.free()
-    small = mv.GemvMmaSK(load(mv.make_bulk_variant(fmt, "plain", norm=norm), device))
-    with pytest.raises(LaunchError, match="K >= "):
-        run_case(device, rng, fmt, "plain", 64, 1024, 1, small, norm=norm)
-    ragged = mv.GemvMmaSK(load(mv.make_bulk_variant(fmt, "swiglu", norm=norm), device))
-    with pytest.raises(LaunchError, match="I % 16"):
-        run_case(device, rng, fmt, "swiglu", 1002, 2048, 1, ragged, norm=norm)
-
-
-@pytest.mark.parametrize("fmt", FORMATS[:3])
-def test_family_picks_bulk(device, rng, fmt):
-    """A T = 1 family with the bulk member runs it where it streams (27B gate_up) and the cp.async stream-K or
-    xs member where it cannot (ragged swiglu, short K), with right results either way."""
-    name = mv.variant_name(fmt, "swiglu", 1)
-    members = [load(mv.gemv_mma_variant(n), device) for n in mv.family_members(name) if not n.endswith("_bk")]
-    fam = mv.GemvMma(*members, load(mv.make_bulk_variant(fmt, "swiglu"), device))
-    assert fam.member(GATE_UP[0] // 2, GATE_UP[1]) is fam.bulk
-    try:
-        for n, k in (GATE_UP, (1002, 2048), (96, 1024)):
-            run_case(device, rng, fmt, "swiglu", n, k, 1, fam)
-    finally:
-        fam.free()
-
-
-@pytest.mark.parametrize("fmt", FORMATS[1:2])
-def test_bulk_alternatives(device, rng, fmt):
-    """The bulk member's `clock` probe computes the same on the 27B shapes."""
-    for epi, n, k in (("plain", *VALUE_Z), ("swiglu", *GATE_UP), ("residual", *DOWN), ("residual", *GDN_OUT)):
-        for v in mv.bulk_variants(fmt, epi):
-            if v.config.get("probe") == "nocompute":
-                continue
-            kern = mv.GemvMmaSK(load(v, device))
-            try:
-                run_case(device, rng, fmt, epi, n, k, 1, kern)
-            finally:
-                kern.free()
