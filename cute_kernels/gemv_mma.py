@@ -317,6 +317,25 @@ def _sts4(addr, v, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def _stg4(addr, v, *, loc=None, ip=None):
+    """4 words to global address `addr` (16-byte aligned)."""
+    args = [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)] + [cutlass.Int32(e).ir_value(loc=loc, ip=ip) for e in v]
+    llvm.inline_asm(None, args, "st.global.v4.u32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _add_word(v, s0, s1, *, loc=None, ip=None) -> cutlass.Int32:
+    """bf16x2 of (lo(v) + s0, hi(v) + s1) in fp32, one rounding each (v bf16x2; s0, s1 fp32 bit patterns)."""
+    args = [cutlass.Int32(e).ir_value(loc=loc, ip=ip) for e in (v, s0, s1)]
+    return cutlass.Int32(_asm(
+        T.i32(), args,
+        "{ .reg .b32 xl, xh; .reg .f32 a, b, c, d; "
+        "shl.b32 xl, $1, 16; and.b32 xh, $1, 0xffff0000; mov.b32 a, xl; mov.b32 b, xh; mov.b32 c, $2; "
+        "mov.b32 d, $3; add.rn.f32 a, a, c; add.rn.f32 b, b, d; cvt.rn.bf16x2.f32 $0, b, a; }", "=r,r,r,r", loc, ip))
+
+
+@dsl_user_op
 def _lds1(addr, *, loc=None, ip=None) -> cutlass.Float32:
     """One fp32 from shared address `addr`."""
     return cutlass.Float32(llvm.inline_asm(T.f32(), [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
@@ -601,15 +620,16 @@ class GemvMma:
                 for e in cutlass.range_constexpr(4):
                     xb[4 * c + e, q, st] = v[e] & keep
 
-    def xs_smem(self, smem, mX, mN, eps):
+    def xs_smem(self, smem, mX, mN, eps, add=None):
         """The x staging operands: (x, B words [cols ngmax 32], -bias sums [cols ngmax], norm weight,
-        eps, the norm's per-warp sums [32]) with the shared buffers allocated from `smem`."""
+        eps, the norm's per-warp sums [32], `add`) with the shared buffers allocated from `smem`; `add`
+        (T = 1): None, or (s fp32 [K], xo bf16 [K], z fp32 [K]): x is bf16(x + s) (see `_add_records`)."""
         xsm = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.cols * self.ngmax * 32,)), byte_alignment=16)
         nbs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.cols * self.ngmax,)), byte_alignment=16)
         nss = nbs
         if cutlass.const_expr(self.norm):
             nss = smem.allocate_tensor(cutlass.Float32, cute.make_layout((32,)), byte_alignment=16)
-        return (mX, xsm, nbs, mN, eps, nss)
+        return (mX, xsm, nbs, mN, eps, nss, add)
 
     def _rounds(self) -> int:
         """Staging records per thread (the records of K = kmax over the CTA's threads)."""
@@ -664,6 +684,8 @@ class GemvMma:
         for it in cutlass.range_constexpr(rounds):
             _, rr, t, j, c = self._record(it, ngr)
             self._load_records(mX, cutlass.min(c, t_rows - 1), j, t, k, xv, it)
+        if cutlass.const_expr(xsd[6] is not None):
+            self._add_records(xsd, xv, k, ngr)
         if cutlass.const_expr(self.norm):
             if cutlass.const_expr(gv is None):
                 gv = self.load_norm_w(xsd, k, ngr)
@@ -690,6 +712,40 @@ class GemvMma:
             _sts4(a + 16, [br[2][0], br[2][1], br[3][0], br[3][1]])
             if t == 0:
                 nbs[c * self.ngmax + j] = s * cutlass.Float32(-float(BIAS[self.bits]))
+
+    @cute.jit
+    def _add_records(self, xsd, xv, k, ngr):
+        """xv (the thread's x records, T = 1) <- bf16(x + s), s fp32 (a deferred residual: the sums of the
+        GEMV before, added into s by `accumulate`). The CTA owning a record (record % CTAs = CTA) also
+        writes it to xo and zeroes it in z (the sums the next such GEMV adds into), so each is written once."""
+        bidx, _, _ = cute.arch.block_idx()
+        nctas, _, _ = cute.arch.grid_dim()
+        mS, mXo, mZ = xsd[6]
+        n_rec = ngr * 4
+        rounds = self._rounds()
+        sv = cute.make_rmem_tensor((16, rounds), cutlass.Int32)
+        for it in cutlass.range_constexpr(rounds):  # every load first: one L2 latency
+            _, _, t, j, _ = self._record(it, ngr)
+            for i in cutlass.range_constexpr(4):
+                v = _ldx((mS.iterator + cutlass.min(j * 64 + 16 * t + 4 * i, k - 4)).toint())
+                for q in cutlass.range_constexpr(4):
+                    sv[4 * i + q, it] = v[q]
+        zero = cutlass.Int32(0)
+        for it in cutlass.range_constexpr(rounds):
+            r, _, t, j, _ = self._record(it, ngr)
+            for h in cutlass.range_constexpr(2):
+                keep = cutlass.Int32(0) - cutlass.Int32(j * 64 + 16 * t + 8 * h < k)  # all ones inside K
+                for q in cutlass.range_constexpr(4):
+                    w = 4 * h + q
+                    xv[w, it] = _add_word(xv[w, it], sv[2 * w, it], sv[2 * w + 1, it]) & keep
+            if r < n_rec:
+                if r % nctas == bidx:
+                    for h in cutlass.range_constexpr(2):
+                        e = j * 64 + 16 * t + 8 * h
+                        if e < k:
+                            _stg4((mXo.iterator + e).toint(), [xv[4 * h + q, it] for q in range(4)])
+                            _stg4((mZ.iterator + e).toint(), [zero] * 4)
+                            _stg4((mZ.iterator + e + 4).toint(), [zero] * 4)
 
     @cute.jit
     def _norm_records(self, xsd, xv, gv, k, ngr):

@@ -153,10 +153,13 @@ class GemvMmaSK(GemvMma):
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
                  probe: str = ""):
-        super().__init__(bits, group, cols, epilogue, warps=warps, kw=1, tiles=1, stages=stages, ctas=ctas,
-                         xs=True, kmax=kmax, norm=norm)
+        self.accumulate = epilogue == "accumulate"  # y fp32 [1, M] += W x: the sums go there, no ws, no flush
+        super().__init__(bits, group, cols, "plain" if self.accumulate else epilogue, warps=warps, kw=1, tiles=1,
+                         stages=stages, ctas=ctas, xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
             raise ValueError(f"probe must be one of {PROBES}")
+        if self.accumulate and (cols != 1 or probe):
+            raise ValueError("accumulate: T = 1, no probe")
         self.probe = probe
         self.cpa = cpa  # weights through a shared-memory ring (cp.async), not register stages
         # a slot's bytes in the ring: 2 groups of base (512 each), of high bits (128 hw each), 32 scale words x 2
@@ -181,9 +184,9 @@ class GemvMmaSK(GemvMma):
 
     @cute.jit
     def body(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
-             mN: cute.Tensor, eps, smem, ring=None):
-        """The whole GEMV in the calling kernel: x staged from `smem`, the ring `ring` (an Int32 shared
-        tensor of at least ring_bytes(); None: allocated from `smem` after x)."""
+             mN: cute.Tensor, eps, smem, ring=None, add=None):
+        """The whole GEMV in the calling kernel: x staged from `smem` (`add`: see GemvMma.xs_smem), the ring
+        `ring` (an Int32 shared tensor of at least ring_bytes(); None: allocated from `smem` after x)."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
@@ -199,14 +202,18 @@ class GemvMmaSK(GemvMma):
         b0 = cutlass.Int32(cutlass.Int64(wg) * nblk // nwarps)
         b1 = cutlass.Int32(cutlass.Int64(wg + 1) * nblk // nwarps)
 
-        xsd = self.xs_smem(smem, mX, mN, eps)
+        xsd = self.xs_smem(smem, mX, mN, eps, add)
         ring0 = cutlass.Int32(0)
         if cutlass.const_expr(self.cpa):
             if cutlass.const_expr(ring is None):
                 ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.ring_bytes() // 4,)), byte_alignment=16)
             ring0 = ring.iterator.toint() + warp * (self.ring_slots * self.slot_bytes)
-        cnt = mWs.iterator.toint()
-        part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
+        if cutlass.const_expr(self.accumulate):
+            cnt = mY.iterator.toint()
+            part = cnt
+        else:
+            cnt = mWs.iterator.toint()
+            part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
                self._out_scale(mW, n_tiles, ngr))
         if cutlass.const_expr(self.epilogue == "swiglu"):
@@ -431,7 +438,7 @@ class GemvMmaSK(GemvMma):
         sums are in ws: every lane's fence releases its reds, lane 0 adds both counts (relaxed atomics in
         flight together), and the warp that completes a unit acquires and finishes it."""
         npairs, lane, cnt = geo[2], geo[5], geo[10]
-        if cutlass.const_expr(self.probe not in ("nochain", "bare")):  # the counters, the finishing warp's read-back
+        if cutlass.const_expr(self.probe not in ("nochain", "bare") and not self.accumulate):  # the counters, the finishing warp's read-back
             cute.arch.fence_acq_rel_gpu()
             cute.arch.sync_warp()
             a0 = cutlass.Int32(-1)
@@ -479,3 +486,26 @@ class GemvMmaSK(GemvMma):
                     mY[col, o] = a.to(cutlass.BFloat16)
         if lane == 0:
             _zero(cnt + u * 4)
+
+
+class GemvMmaSKAdd(GemvMmaSK):
+    """GemvMmaSK (T = 1) whose x is bf16(x + s): s fp32 [K] the sums an `accumulate` GEMV added (a residual
+    deferred to this launch's staging); CTA c also writes the records it owns of that x to xo bf16 [K]
+    (the residual stream, for the GEMV after) and zeroes them in z fp32 [K] (the next `accumulate` target)."""
+
+    def __init__(self, *args, add: bool = True, **kw):
+        super().__init__(*args, **kw)
+        if not add or self.cols != 1 or self.accumulate:
+            raise ValueError("add: T = 1, not accumulate")
+
+    @cute.jit
+    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
+                 mN: cute.Tensor, eps, mS: cute.Tensor, mXo: cute.Tensor, mZ: cute.Tensor, stream: cuda.CUstream):
+        self.kernel(mW, mX, mR, mY, mWs, mN, eps, mS, mXo, mZ).launch(
+            grid=(264, 1, 1), block=(self.threads, 1, 1), stream=stream, min_blocks_per_mp=self.ctas,
+            preferred_smem_carveout=-1)
+
+    @cute.kernel
+    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
+               mN: cute.Tensor, eps, mS: cute.Tensor, mXo: cute.Tensor, mZ: cute.Tensor):
+        self.body(mW, mX, mR, mY, mWs, mN, eps, cutlass.memory.SmemAllocator(), add=(mS, mXo, mZ))

@@ -211,7 +211,9 @@ def test_alternatives():
 def test_variant_table():
     names = {v.name for v in mv.GEMV_MMA_VARIANTS}
     # register-x K splits for every (format, epilogue, T), + T = 1 Q4-Q6: xs K splits and stream-K
-    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == 4 * 3 * 2 * len(mv.KW) + (3 * 3 + 3 * 2) * (len(mv.XS_KW) + 1)
+    # + the deferred-residual stream-K members: accumulate, plain / swiglu `_na`, Q4-Q6
+    assert len(names) == len(mv.GEMV_MMA_VARIANTS) == (4 * 3 * 2 * len(mv.KW) + (3 * 3 + 3 * 2) * (len(mv.XS_KW) + 1)
+                                                       + 3 * 3)
     assert mv.variant_name("Q4G64_F16S", "swiglu", 1) == "gemv_mma_q4_t1_swiglu"
     assert mv.variant_name("W8G32_F16S", "residual", 2) == "gemv_mma_w8_t8_res"
     assert mv.variant_name("Q6G64_F16S", "plain", 8) == "gemv_mma_q6_t8"
@@ -403,6 +405,42 @@ def test_probe_variants(tmp_path):
     assert "GLOBALTIMER" in sass["timeline"] and "GLOBALTIMER" not in sass[""]
     assert " STS" in sass[""] and " STS" not in sass["nostage"] and "ATOM" in sass["nostage"]
     assert " STS" not in sass["bare"] and "ATOM" not in sass["bare"] and "HMMA" in sass["bare"]
+
+
+def test_deferred_members(tmp_path):
+    """The accumulating GEMV and the `_na` members: names, arguments, refusals; their families hold only the
+    stream-K member, which they take at any shape. In SASS (where cuobjdump is installed) accumulate has the
+    row sums' reds but no atomics or stores (no flush), `_na` stores (x_mid, z) beside the member's flush."""
+    import subprocess
+
+    from inferno.kernels.build import build_variant
+
+    assert mv.variant_name("Q5G64_F16S", mv.ACCUMULATE) == "gemv_mma_q5_t1_acc"
+    assert mv.variant_name("Q4G64_F16S", "swiglu", 1, norm=True, add=True) == "gemv_mma_q4_t1_swiglu_na"
+    for bad, match in ((dict(fmt="W8G32_F16S", epilogue=mv.ACCUMULATE), "Q4-Q6"),
+                       (dict(fmt="Q4G64_F16S", epilogue=mv.ACCUMULATE, cols=8), "Q4-Q6, T = 1"),
+                       (dict(fmt="Q4G64_F16S", epilogue="swiglu", add=True), "norm=True"),
+                       (dict(fmt="Q4G64_F16S", epilogue=mv.ACCUMULATE, norm=True), "RMSNorm")):
+        with pytest.raises(LaunchError, match=match):
+            mv.variant_name(**bad)
+    acc, na = mv.gemv_mma_variant("gemv_mma_q5_t1_acc_sk"), mv.gemv_mma_variant("gemv_mma_q4_t1_swiglu_na_sk")
+    assert [a.name for a in acc.args if a is not None] == ["w", "x", "y"] and acc.args[3].dtype == "f32"
+    assert [a.name for a in na.args if a is not None] == ["w", "x", "y", "ws", "nw", "eps", "s", "xo", "z"]
+    assert mv.family_members("gemv_mma_q5_t1_acc") == ["gemv_mma_q5_t1_acc_sk"]
+    fam = mv.GemvMma(_Loaded(acc))
+    assert isinstance(fam.member(16, 128), mv.GemvMmaSK) and isinstance(fam.member(5120, 6144), mv.GemvMmaSK)
+    tool = _cuobjdump()
+    sass = {}
+    for v in (acc, na):
+        build_variant(v, "sm_90a", tmp_path)
+        if tool is not None:
+            sass[v.name] = subprocess.run([tool, "-sass", str(tmp_path / "sm_90a" / f"{v.name}.cubin")],
+                                          capture_output=True, text=True, check=True).stdout
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    a, n = sass[acc.name], sass[na.name]
+    assert "RED" in a and "HMMA" in a and "ATOM" not in a and "STG" not in a
+    assert "ATOM" in n and "STG.E.128" in n and "HMMA" in n
 
 
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),

@@ -16,6 +16,7 @@ K (kw = 2, 4, 8 of the CTA's 8 warps); the launcher picks the member per call fr
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -90,19 +91,28 @@ def k_split(m: int, k: int, epilogue: str = "plain", kws: tuple[int, ...] = KW) 
     return ks[i]
 
 
-def variant_name(fmt: str, epilogue: str = "plain", cols: int = 1, norm: bool = False) -> str:
+ACCUMULATE = "accumulate"  # y fp32 [1, M] += W x (stream-K only): a residual deferred to the next GEMV's staging
+
+
+def variant_name(fmt: str, epilogue: str = "plain", cols: int = 1, norm: bool = False, add: bool = False) -> str:
     """The family for `fmt` with `epilogue` that takes `cols` columns (T = 1, else 8); `norm`: the
-    family that applies the zero-centred RMSNorm to x while staging it (`_n`, T = 1)."""
+    family that applies the zero-centred RMSNorm to x while staging it (`_n`, T = 1); `add` (with norm):
+    the one whose x is bf16(x + s), s the sums of an `accumulate` GEMV (`_na`, stream-K only)."""
     if fmt not in FORMATS:
         raise LaunchError(f"no GEMV kernel for weight format {fmt!r}; formats: {', '.join(FORMATS)}")
-    if epilogue not in EPILOGUES:
-        raise LaunchError(f"unknown GEMV epilogue {epilogue!r}; epilogues: {', '.join(EPILOGUES)}")
+    epilogues = {**EPILOGUES, ACCUMULATE: "_acc"}
+    if epilogue not in epilogues:
+        raise LaunchError(f"unknown GEMV epilogue {epilogue!r}; epilogues: {', '.join(epilogues)}")
     t = next((c for c in COLS if c >= cols), None)
     if t is None or cols < 1:
         raise LaunchError(f"GEMV takes 1..{COLS[-1]} columns, got {cols}; split the batch")
-    if norm and (t != 1 or epilogue == "residual" or FORMATS[fmt][1] == 8):
+    if norm and (t != 1 or epilogue in ("residual", ACCUMULATE) or FORMATS[fmt][1] == 8):
         raise LaunchError("the GEMV with the RMSNorm folded in is Q4-Q6, T = 1, plain or swiglu")
-    return f"gemv_mma_{FORMATS[fmt][0]}_t{t}{EPILOGUES[epilogue]}{'_n' if norm else ''}"
+    if (epilogue == ACCUMULATE or add) and (t != 1 or FORMATS[fmt][1] == 8):
+        raise LaunchError("the accumulating GEMV and the one adding its sums are Q4-Q6, T = 1")
+    if add and not norm:
+        raise LaunchError("the GEMV adding an accumulated residual also folds the RMSNorm (norm=True)")
+    return f"gemv_mma_{FORMATS[fmt][0]}_t{t}{epilogues[epilogue]}{'_na' if add else '_n' if norm else ''}"
 
 
 def norm_tensors(norm: bool) -> tuple[Tensor | None, Scalar | None]:
@@ -173,37 +183,46 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
-                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "") -> Variant:
+                    warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
+                    add: bool = False) -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
     SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
-    `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py)."""
+    `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py).
+    `accumulate`: y fp32 += W x, no workspace; `add`: x is bf16(x + s) (GemvMmaSKAdd: s fp32 [K], xo bf16 [K],
+    z fp32 [K] after the norm arguments)."""
     _, bits, group = FORMATS[fmt]
     if bits == 8 or cols != 1:
         raise LaunchError("stream-K GEMV: Q4-Q6 at T = 1 only")
+    acc = epilogue == ACCUMULATE
     key = (FORMATS[fmt][0], epilogue == "swiglu")
     default = SK_STAGES[key] if cpa else REG_SK_STAGES[key]
     stages = stages or default
-    name = f"{variant_name(fmt, epilogue, cols, norm)}_sk"
+    name = f"{variant_name(fmt, epilogue, cols, norm, add)}_sk"
     if not cpa:
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
         name += f"_p{stages}_c{ctas}_w{warps}"
     if probe:
         name += f"_probe_{probe}"
-    w, x, r, y = gemv_tensors(epilogue)
-    ws = Tensor("ws", "i32", ("WS",), (1,))
+    w, x, r, y = gemv_tensors("plain" if acc else epilogue)
+    if acc:
+        y = Tensor("y", "f32", ("T", "M"), ("y_stride", 1))
+    ws = None if acc else Tensor("ws", "i32", ("WS",), (1,))
+    extra = (Tensor("s", "f32", ("K",), (1,)), Tensor("xo", "bf16", ("K",), (1,)),
+             Tensor("z", "f32", ("K",), (1,))) if add else ()
+    what = ("y += W x (fp32 sums, no flush)" if acc else f"{epilogue} GEMV") + (", x = bf16(x + s)" if add else "")
     return Variant(
-        name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSK",
+        name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSKAdd" if add else "GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"probe": probe} if probe else {})),
+                    **({"probe": probe} if probe else {}), **({"add": True} if add else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
-        args=(w, x, r, y, ws, *norm_tensors(norm)), grid=(f"SMS * {ctas}", "1", "1"),
+        args=(w, x, r, y, ws, *norm_tensors(norm), *extra), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
         pdl=True,
-        summary=f"stream-K {epilogue} GEMV, W {fmt} {LAYOUT}, x bf16 [1, K <= {kmax_for(norm)}] in shared memory, "
-                f"{'weights through a cp.async ring, ' if cpa else ''}mma.sync bf16, fp32 accumulate, "
-                "self-cleaning workspace",
+        summary=f"stream-K {what}, W {fmt} {LAYOUT}, x bf16 [1, K <= {kmax_for(norm)}] in shared memory, "
+                f"{'weights through a cp.async ring, ' if cpa else ''}mma.sync bf16, fp32 accumulate"
+                + ("" if acc else ", self-cleaning workspace"),
     )
 
 
@@ -264,9 +283,18 @@ def t1_fast_members(fmt: str, epilogue: str, norm: bool = False) -> list[Variant
             + [make_sk_variant(fmt, epilogue, norm=norm)])
 
 
+def deferred_members(fmt: str) -> list[Variant]:
+    """The deferred-residual pair of a Q4-Q6 format (none for W8): the accumulating GEMV and the `_na` plain /
+    swiglu GEMVs whose staging adds its sums (stream-K members only)."""
+    if FORMATS[fmt][1] == 8:
+        return []
+    return [make_sk_variant(fmt, ACCUMULATE)] + [make_sk_variant(fmt, e, norm=True, add=True) for e in ("plain", "swiglu")]
+
+
 GEMV_MMA_VARIANTS: tuple[Variant, ...] = tuple(
     [make_variant(fmt, epi, cols, kw) for fmt in FORMATS for epi in EPILOGUES for cols in COLS for kw in KW]
-    + [v for norm in (False, True) for fmt in FORMATS for epi in EPILOGUES for v in t1_fast_members(fmt, epi, norm)])
+    + [v for norm in (False, True) for fmt in FORMATS for epi in EPILOGUES for v in t1_fast_members(fmt, epi, norm)]
+    + [v for fmt in FORMATS for v in deferred_members(fmt)])
 _BY_NAME = {v.name: v for v in GEMV_MMA_VARIANTS}
 
 
@@ -308,9 +336,9 @@ class GemvMma:
             (self.xs_by_kw if c.get("xs") else self.by_kw)[c["kw"]] = (lk, outs)
         c = loaded[0].manifest.config
         self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
-        self.norm = bool(c.get("norm"))
+        self.norm, self.add = bool(c.get("norm")), bool(c.get("add"))
         if any(lk.manifest.config.get(f) != c.get(f) for lk in loaded
-               for f in ("bits", "group", "cols", "epilogue", "norm")):
+               for f in ("bits", "group", "cols", "epilogue", "norm", "add")):
             raise LaunchError("GemvMma: the kernels are not members of one family")
         self.fmt = self._format(c)
         self.name = self._family_name()
@@ -321,7 +349,7 @@ class GemvMma:
         return next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (config["bits"], config["group"]))
 
     def _family_name(self) -> str:
-        return variant_name(self.fmt, self.epilogue, self.cols, self.norm)
+        return variant_name(self.fmt, self.epilogue, self.cols, self.norm, self.add)
 
     def _weight_bytes(self, n: int, k: int) -> int:
         """Bytes of the weight image of [n, k]."""
@@ -343,7 +371,7 @@ class GemvMma:
         """The stream-K launcher, or (loaded kernel, outputs per CTA), for m outputs and K = k."""
         blocks = -(-m // 16) * (-(-k // 128))
         kmax = kmax_for(self.norm)
-        if k <= kmax and self.sk is not None and sk_wins(blocks, self.epilogue):
+        if k <= kmax and self.sk is not None and (sk_wins(blocks, self.epilogue) or not (self.xs_by_kw or self.by_kw)):
             return self.sk
         if k <= kmax and self.xs_by_kw:
             return self.xs_by_kw[2 if -(-m // 16) >= XS_KW2_UNITS and 2 in self.xs_by_kw else max(self.xs_by_kw)]
@@ -358,9 +386,13 @@ class GemvMma:
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
-                 stream: Any = None) -> None:
-        """W is [n, k] in tile16-v1 (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16;
-        `norm` = (weight bf16 [k], eps) for a `_n` family: x is RMS-normed while it is staged."""
+                 add: "Addend | None" = None, stream: Any = None) -> None:
+        """W is [n, k] in tile16-v1 (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16
+        (`accumulate`: y fp32 [n], added to); `norm` = (weight bf16 [k], eps) for a `_n` family: x is RMS-normed
+        while it is staged; `add` for a `_na` family (see Addend)."""
+        if self.sk is not None and not (self.xs_by_kw or self.by_kw):  # accumulate / _na: stream-K only
+            self.sk(w, x, y, n, k, cols, r=r, norm=norm, add=add, stream=stream)
+            return
         m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         pick = self.member(m, k)
         if isinstance(pick, GemvMmaSK):
@@ -389,7 +421,8 @@ class GemvMmaSK:
         self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
         self.fmt = self._format(c)
         self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
-        self.norm = bool(c.get("norm"))
+        self.norm, self.add = bool(c.get("norm")), bool(c.get("add"))
+        self.accumulate = self.epilogue == ACCUMULATE
         self._ws: dict[tuple[int, int], DeviceBuffer] = {}
 
 
@@ -424,20 +457,40 @@ class GemvMmaSK:
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
-                 stream: Any = None) -> None:
+                 add: "Addend | None" = None, stream: Any = None) -> None:
         if k > self.kmax:
             raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
-        m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
-        nbytes = sk_workspace_bytes(m, n, self.cols)
-        if self.loaded.manifest.config.get("probe") == "timeline":  # its stamps after the words (benchmark)
-            nbytes += 8 + 8 * TIMELINE * self.grid(m, k) * self.warps
-        args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
+        if (add is not None) != self.add:
+            raise LaunchError(f"kernel {self.name}: pass add= exactly for a `_na` family")
+        epilogue = "plain" if self.accumulate else self.epilogue
+        m, args = gemv_args(self.name, self.cols, epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
+        if self.accumulate:  # y fp32: the sums go straight there, no workspace
+            args[-1] = TensorArg(_buf(y, "y", self.name, cols * m * 4), (cols, m), (m,))
+        else:
+            nbytes = sk_workspace_bytes(m, n, self.cols)
+            if self.loaded.manifest.config.get("probe") == "timeline":  # its stamps after the words (benchmark)
+                nbytes += 8 + 8 * TIMELINE * self.grid(m, k) * self.warps
+            args.append(TensorArg(self.workspace(y, nbytes).ptr, (nbytes // 4,)))
         args += norm_args(self.name, self.norm, norm, k)
+        if add is not None:
+            args += [TensorArg(_buf(add.s, "s", self.name, k * 4), (k,)),
+                     TensorArg(_buf(add.xo, "xo", self.name, k * 2), (k,)),
+                     TensorArg(_buf(add.z, "z", self.name, k * 4), (k,))]
         mf = self.loaded.manifest
         launch(self.loaded.kernel, (self.grid(m, k), 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
 
 
 GemvMma.sk_cls = GemvMmaSK
+
+
+@dataclass(frozen=True)
+class Addend:
+    """A residual deferred into a `_na` GEMV's x staging: x is bf16(x + s) (s fp32 [K], the sums an `accumulate`
+    GEMV added); the launch writes that x to xo (bf16 [K]) and zeroes z (fp32 [K], the next sums), once."""
+
+    s: DeviceBuffer
+    xo: DeviceBuffer
+    z: DeviceBuffer
 
 
 def norm_args(name: str, has_norm: bool, norm: "tuple[DeviceBuffer, float] | None", k: int) -> list:
@@ -452,19 +505,19 @@ def norm_args(name: str, has_norm: bool, norm: "tuple[DeviceBuffer, float] | Non
 
 def family_members(name: str) -> list[str]:
     """Member names of a family name (its register-x K splits, and for T = 1 Q4-Q6 the xs and stream-K
-    members; a `_n` family has only the latter), or [name] for a member name."""
+    members; a `_n` family has only the latter, `_na` and `_acc` only stream-K), or [name] for a member name."""
     if name in _BY_NAME:
         return [name]
     fast = [v.name for v in GEMV_MMA_VARIANTS if v.name.startswith(name + "_") and
             (v.config.get("xs") or v.config.get("sk")) and _family_of(v) == name]
-    regs = [] if name.endswith("_n") else [f"{name}_k{kw}" for kw in KW]
+    regs = [] if name.endswith(("_n", "_na", "_acc")) else [f"{name}_k{kw}" for kw in KW]
     return regs + fast
 
 
 def _family_of(v: Variant) -> str:
     c = v.config
     fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (c["bits"], c["group"]))
-    return variant_name(fmt, c["epilogue"], c["cols"], bool(c.get("norm")))
+    return variant_name(fmt, c["epilogue"], c["cols"], bool(c.get("norm")), bool(c.get("add")))
 
 
 def build(out_dir: str, archs: tuple[str, ...] = ("sm_90a",), names: tuple[str, ...] | None = None) -> None:

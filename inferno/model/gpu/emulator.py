@@ -19,7 +19,8 @@ from ml_dtypes import bfloat16
 from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.kernels.qlayout import dequant_rows
-from inferno.model.gpu.ops import AttnGeometry, fold_norms, folds_norm_shape
+from inferno.kernels.gemv_mma_variants import ACCUMULATE
+from inferno.model.gpu.ops import AttnGeometry, defers_residual_shape, fold_norms, folds_norm_shape
 from inferno.model.gpu.residency import ALIGN, align_up
 from inferno.model.reference.norms import rms_norm, sigmoid, silu, softplus
 from inferno.model.reference.rope import apply_rope
@@ -147,20 +148,32 @@ class EmulatedOps:
         """As on the GPU (the shapes the `_n` kernels cover)."""
         return self.fold_norms and folds_norm_shape(fmt, epilogue, tiled, k)
 
-    def _x(self, x, k, norm):
-        """x as the GEMV reads it: RMS-normed (bf16, as the kernel stages it) when `norm` is given."""
+    def defers_residual(self, out_fmt, out_tiled, out_k, in_fmt, in_tiled, k) -> bool:
+        """As on the GPU (the shapes the accumulate / `_na` kernels cover, the norm folded)."""
+        return self.fold_norms and defers_residual_shape(out_fmt, out_tiled, out_k, in_fmt, in_tiled, k)
+
+    def _x(self, x, k, norm, add=None):
+        """x as the GEMV reads it: bf16(x + s) with `add` (written to add.xo, add.z zeroed, as the kernel does),
+        then RMS-normed (bf16, as the kernel stages it) when `norm` is given."""
         xv = self._get(x, bfloat16, k)
+        if add is not None:
+            xv = (xv + self._get(add.s, np.float32, k)).astype(bfloat16).astype(np.float32)
+            self._put(add.xo, xv)
+            self._put(add.z, np.zeros(k, np.float32), np.float32)
         if norm is None:
             return xv
         return rms_norm(xv, self._get(norm[0], bfloat16, k), norm[1]).astype(bfloat16).astype(np.float32)
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None) -> None:
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None) -> None:
         self.launches += 1
         wm = self._weights(fmt, w, n, k, tiled)
-        xv = self._x(x, k, norm)
+        xv = self._x(x, k, norm, add)
         if epilogue == "swiglu":
             m = n // 2
             out = silu(wm[:m] @ xv) * (wm[m:] @ xv)
+        elif epilogue == ACCUMULATE:
+            self._put(y, self._get(y, np.float32, n) + wm @ xv, np.float32)
+            return
         else:
             out = wm @ xv
             if epilogue == "residual":

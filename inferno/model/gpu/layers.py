@@ -19,6 +19,11 @@ launch into ws['normed']):
     act    = silu(Wg normed) * (Wu normed)           (GEMV, fused SwiGLU epilogue)
     x      = x_mid + Wdown act                       (GEMV, residual epilogue)
 
+With deferred residuals (`Ops.defers_residual`, every layer) the output GEMV only adds its fp32 sums into
+s_i (`accumulate`: no end-of-launch flush) and the gate_up GEMV stages x_mid = bf16(x + s_i) itself: it writes
+x_mid (for down) and zeroes s_{i+1}, the next layer's sums (s_i cycles through 2 buffers, 3 when the layer
+count is odd, so that no launch zeroes the sums it reads).
+
 then `normed = rmsnorm(x, final_norm)` and the head GEMV writes bf16 logits. The per-step inputs
 (token, position, GDN slot, length, page table) are read from the device `step` buffer, so the
 same launches serve every step and can be captured once into a CUDA graph.
@@ -29,9 +34,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from inferno.cuda.memory import DeviceBuffer
+from inferno.kernels.gemv_mma_variants import ACCUMULATE, Addend
 from inferno.model.config import ModelConfig
 from inferno.model.gpu.ops import AttnGeometry, Norm, Ops
-from inferno.model.gpu.residency import BF16, I32, MERGED_INPUTS, STEP_HEADER, ResidencyPlan
+from inferno.model.gpu.residency import BF16, FP32, I32, MERGED_INPUTS, STEP_HEADER, ResidencyPlan
 from inferno.model.gpu.state import DeviceStates
 from inferno.model.gpu.weights import DeviceTensor
 
@@ -55,6 +61,8 @@ class DecodeProgram:
                                  plan.kv.pages_per_seq, plan.kv.n_pages, plan.attn_splits)
         self.n_slots = plan.gdn.slots
         ops.zero(self.ws["gdn_sync"])  # the fused conv+step leaves its counters at zero after every call
+        self.sums = self._deferred_sums()
+        ops.zero(self.ws["res_sums"])  # each gate_up zeroes the next layer's sums after this
 
 
     @property
@@ -105,18 +113,44 @@ class DecodeProgram:
         self.ops.rmsnorm(ws[x], self.w[norm].buf, ws["normed"], c.hidden, c.rms_eps)
         return ws["normed"], None
 
+    def _mixer_output(self, i: int) -> DeviceTensor:
+        mixer = "attention" if self.c.layer_types[i] == "full_attention" else "gdn"
+        return self.w[f"text/layers/{i}/{mixer}/output"]
+
+    def _deferred_sums(self) -> list[DeviceBuffer] | None:
+        """Layer i's deferred-residual sums (fp32 [hidden] views of ws['res_sums']) when every layer defers
+        (`Ops.defers_residual`), else None: buffer i % 2, the last layer's 2 when the count is odd."""
+        c, n = self.c, self.c.n_layers
+        if n < 2:
+            return None
+        for i in range(n):
+            out, gu = self._mixer_output(i), self.w[f"text/layers/{i}/mlp/gate_up"]
+            if not (self.ops.folds_norm(gu.fmt, "swiglu", gu.tiled, c.hidden)
+                    and self.ops.defers_residual(out.fmt, out.tiled, out.shape[1], gu.fmt, gu.tiled, c.hidden)):
+                return None
+        size = c.hidden * FP32
+        bufs = [self.ws["res_sums"].view(b * size, size) for b in range(3)]
+        return [bufs[2 if i == n - 1 and n % 2 else i % 2] for i in range(n)]
+
     def layer(self, i: int) -> None:
         c, ws, ops = self.c, self.ws, self.ops
         p = f"text/layers/{i}/"
         w = self.w
         mixer = "attention" if c.layer_types[i] == "full_attention" else "gdn"
-        out, gu, down = w[p + mixer + "/output"], w[p + "mlp/gate_up"], w[p + "mlp/down"]
+        out, gu, down = self._mixer_output(i), w[p + "mlp/gate_up"], w[p + "mlp/down"]
         x, norm = self._normed("x", p + "input_norm", self._input_readers(i))
         (self._attention if mixer == "attention" else self._gdn)(i, p, x, norm)
-        ops.gemv(out.fmt, "residual", out.buf, ws["mix_out"], ws["x_mid"], c.hidden, out.shape[1], r=ws["x"],
-                 tiled=out.tiled)
-        x, norm = self._normed("x_mid", p + "post_attention_norm", [p + "mlp/gate_up"], "swiglu")
-        ops.gemv(gu.fmt, "swiglu", gu.buf, x, ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled, norm=norm)
+        if self.sums is not None:  # deferred: gate_up stages x_mid = x + the output GEMV's sums
+            s = self.sums[i]
+            ops.gemv(out.fmt, ACCUMULATE, out.buf, ws["mix_out"], s, c.hidden, out.shape[1], tiled=out.tiled)
+            ops.gemv(gu.fmt, "swiglu", gu.buf, ws["x"], ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled,
+                     norm=(w[p + "post_attention_norm"].buf, c.rms_eps),
+                     add=Addend(s, ws["x_mid"], self.sums[(i + 1) % c.n_layers]))
+        else:
+            ops.gemv(out.fmt, "residual", out.buf, ws["mix_out"], ws["x_mid"], c.hidden, out.shape[1], r=ws["x"],
+                     tiled=out.tiled)
+            x, norm = self._normed("x_mid", p + "post_attention_norm", [p + "mlp/gate_up"], "swiglu")
+            ops.gemv(gu.fmt, "swiglu", gu.buf, x, ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled, norm=norm)
         ops.gemv(down.fmt, "residual", down.buf, ws["act"], ws["x"], c.hidden, down.shape[1], r=ws["x_mid"],
                  tiled=down.tiled)
 

@@ -22,6 +22,7 @@ import numpy as np
 from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.errors import InfernoError, NotBuiltError
+from inferno.kernels.gemv_mma_variants import ACCUMULATE, Addend
 from inferno.model.config import ModelConfig
 
 
@@ -56,6 +57,23 @@ def folds_norm_shape(fmt: str, epilogue: str, tiled: bool, k: int) -> bool:
             and k <= M.NORM_KMAX)
 
 
+DEFER_ENV = "INFERNO_DEFER"  # 0: every residual GEMV finishes its own rows (A/B of deferred residuals)
+
+
+def defers_residual_shape(out_fmt: str, out_tiled: bool, out_k: int, in_fmt: str, in_tiled: bool, k: int) -> bool:
+    """Whether a residual GEMV (out_fmt, [k, out_k]) can hand its sums to the next GEMV (in_fmt, K = k, the
+    RMSNorm folded): both tensor-core Q4-Q6 (tile16-v1), the reader within NORM_KMAX, unless $INFERNO_DEFER=0."""
+    import os
+
+    from inferno.kernels import gemv_mma_variants as M
+
+    def q(fmt: str, tiled: bool) -> bool:
+        return tiled and fmt in M.FORMATS and M.FORMATS[fmt][1] != 8
+
+    return (os.environ.get(DEFER_ENV, "1") != "0" and q(out_fmt, out_tiled) and q(in_fmt, in_tiled)
+            and out_k <= M.KMAX and k <= M.NORM_KMAX)
+
+
 def fold_norms() -> bool:
     """The A/B switch $INFERNO_FOLD_NORM (on unless 0), read when the operations are made."""
     import os
@@ -81,12 +99,17 @@ class Ops(Protocol):
                height: int) -> None: ...
     def embedding(self, ids: DeviceBuffer, table: DeviceBuffer, out: DeviceBuffer, vocab: int, hidden: int) -> None: ...
     def rmsnorm(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, eps: float) -> None: ...
+    # tiled: w in tile16-v1; norm: x is RMS-normed first; epilogue "accumulate": y fp32 [n] += W x (sums left for
+    # the next GEMV, whose `add` = Addend(s=y, xo, z) makes its x bf16(x + s), writes that to xo, zeroes z)
     def gemv(self, fmt: str, epilogue: str, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
-             r: DeviceBuffer | None = None, tiled: bool = False,
-             norm: Norm | None = None) -> None: ...  # tiled: w in tile16-v1; norm: x is RMS-normed first
+             r: DeviceBuffer | None = None, tiled: bool = False, norm: Norm | None = None,
+             add: Addend | None = None) -> None: ...
     def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
                     norm: Norm | None = None) -> None: ...
     def folds_norm(self, fmt: str, epilogue: str, tiled: bool, k: int) -> bool: ...  # gemv / linear_bf16 take norm=
+    # whether a residual GEMV (out_fmt [k, out_k]) may `accumulate` for a swiglu GEMV (in_fmt, K = k) taking add=
+    def defers_residual(self, out_fmt: str, out_tiled: bool, out_k: int, in_fmt: str, in_tiled: bool,
+                        k: int) -> bool: ...
     def gdn_conv_step(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, z: DeviceBuffer,
                       a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer, dt_bias: DeviceBuffer,
                       norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer, sync: DeviceBuffer,
@@ -170,7 +193,8 @@ class CudaOps:
             self._attn_decode = A.AttnDecodeFused(load(decode, dev))
             self._attn_combine = A.AttnCombine(load(A.COMBINE_EARLY, dev))
 
-    def _gemv_launcher(self, fmt: str, epilogue: str, tiled: bool = False, norm: bool = False) -> Any:
+    def _gemv_launcher(self, fmt: str, epilogue: str, tiled: bool = False, norm: bool = False,
+                       add: bool = False) -> Any:
         from inferno.kernels import gemv_nvfp4_variants as F
         from inferno.kernels.cache import load
         from inferno.kernels.gemv_variants import GemvQ, gemv_variant, variant_name
@@ -184,9 +208,11 @@ class CudaOps:
             from inferno.kernels import gemv_mma_variants as M
 
             if fmt == F.FORMAT:
+                if add or epilogue == ACCUMULATE:
+                    raise LaunchError("no NVFP4 GEMV accumulates or adds a deferred residual")
                 cls, name = N.GemvMmaNvfp4, N.variant_name(epilogue, 1, norm)
             else:
-                cls, name = M.GemvMma, M.variant_name(fmt, epilogue, 1, norm)
+                cls, name = M.GemvMma, M.variant_name(fmt, epilogue, 1, norm, add)
             g = self._gemv.get(name)
             if g is None:
                 g = self._gemv[name] = cls.load(name, self.device)
@@ -323,9 +349,11 @@ class CudaOps:
     def rmsnorm(self, x, w, y, n, eps) -> None:
         self._rmsnorm(x, w, y, 1, n, eps, stream=self.stream)
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None) -> None:
-        g = self._gemv_launcher(fmt, epilogue, tiled, norm is not None)
-        if norm is None:
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None) -> None:
+        g = self._gemv_launcher(fmt, epilogue, tiled, norm is not None, add is not None)
+        if add is not None:
+            g(w, x, y, n, k, 1, r=r, norm=norm, add=add, stream=self.stream)
+        elif norm is None:
             g(w, x, y, n, k, 1, r=r, stream=self.stream)
         else:
             g(w, x, y, n, k, 1, r=r, norm=norm, stream=self.stream)
@@ -343,6 +371,17 @@ class CudaOps:
             return False
         try:
             self._gemv_launcher(fmt, epilogue, tiled, True)
+        except InfernoError:
+            return False
+        return True
+
+    def defers_residual(self, out_fmt, out_tiled, out_k, in_fmt, in_tiled, k) -> bool:
+        """As `defers_residual_shape`, with the norm folded and both kernel families built for this device."""
+        if not (self.fold_norms and defers_residual_shape(out_fmt, out_tiled, out_k, in_fmt, in_tiled, k)):
+            return False
+        try:
+            self._gemv_launcher(out_fmt, ACCUMULATE, out_tiled)
+            self._gemv_launcher(in_fmt, "swiglu", in_tiled, True, True)
         except InfernoError:
             return False
         return True

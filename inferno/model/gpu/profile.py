@@ -43,8 +43,9 @@ from inferno.model.config import ModelConfig
 
 BF16, F32, I32 = 2, 4, 4
 BLOCKING = frozenset({"upload", "download", "synchronize", "close"})  # host waits for the stream
-UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "marker"})  # not device work
-# (side / join: stream fork and join; folds_norm: a question about the kernels; marker: a wait point)
+UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "defers_residual", "marker"})
+# not device work (side / join: stream fork and join; folds_norm, defers_residual: questions about the kernels;
+# marker: a wait point)
 HOST_COPIES = frozenset({"write", "read"})  # queued, timed, but never behind a held stream
 OPS_ATTRS = ("ops", "pops")  # where the executor and its programs hold device operations (Ops, PrefillOps)
 
@@ -287,7 +288,7 @@ class RecordingOps:
     def _w_rmsnorm(self, x, w, y, n, eps):
         return f"rmsnorm {role(w)}", Work(3 * n * BF16, fixed=self._norm_bytes((w, eps), n))
 
-    def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None):
+    def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None):
         m = n // 2 if epilogue == "swiglu" else n
         # The bytes of the matrix as the device holds it (fmt, [n, k]): for merged input projections
         # (residency.MERGED_INPUTS) the stack in the wider format, so its narrower half counts at the wider
@@ -298,12 +299,16 @@ class RecordingOps:
             from inferno.kernels.tiled import tiled_geometry
 
             name = (N.variant_name(epilogue, 1, norm is not None) if fmt == "NVFP4"
-                    else variant_name(fmt, epilogue, 1, norm is not None))
+                    else variant_name(fmt, epilogue, 1, norm is not None, add is not None))
             weights = tiled_geometry(fmt, n, k).nbytes
         else:
             weights, name = payload_nbytes(fmt, n, k), gemv_variant(fmt, epilogue)
         weights += self._norm_bytes(norm, k)
         act = (k + m + (m if r is not None else 0)) * BF16
+        if epilogue == "accumulate":  # y fp32, added to (read and written in L2)
+            act += m * (2 * F32 - BF16)
+        if add is not None:  # s read, xo and z written
+            act += k * (2 * F32 + BF16)
         return f"{name} {role(w)}", Work(weights + act, 2 * n * k, fixed=weights)
 
     def _w_linear_bf16(self, x, w, y, n, k, norm=None):
@@ -473,7 +478,8 @@ def record(executor: Any, run: Callable[[], Any]) -> RecordingOps:
 
 # ---- device spans of the executor's normal run (graph replay) ----------------------------------------
 HOST_WAITS = frozenset({"synchronize", "download"})  # the host waits for the stream: the open span ends
-SPAN_PASS = frozenset({"alloc", "upload", "preload_gemv", "close", "side", "join", "folds_norm"})  # not queued stream work
+SPAN_PASS = frozenset({"alloc", "upload", "preload_gemv", "close", "side", "join", "folds_norm",
+                       "defers_residual"})  # not queued stream work
 
 
 class SpanClock:

@@ -206,6 +206,7 @@ def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int, seqs
         "step": (STEP_HEADER + pages_per_seq) * I32,  # token, position, slot, length, page table
         "x": c.hidden * BF16,  # residual stream (layer input and output)
         "x_mid": c.hidden * BF16,  # residual stream after the mixer
+        "res_sums": 3 * c.hidden * FP32,  # the mixer output GEMVs' deferred sums (layers.py: 2-3 in turn)
         "normed": c.hidden * BF16,
         "mix_in": max(mix_in, attn_in) * BF16,  # GDN q|k|v|z; attention q|k (merged: q|k|gate|v)
         "gate_value": (q_width + kv_width) * BF16 if separate else ALIGN,  # attention gate | v (separate)
