@@ -65,6 +65,12 @@ class GemvBf16:
     @cute.kernel
     def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mNw: cute.Tensor, mY: cute.Tensor,
                eps: cutlass.Float32 | None):
+        self.body(mW, mX, mR, mNw, mY, eps, None)
+
+    @cute.jit
+    def body(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mNw: cute.Tensor, mY: cute.Tensor,
+             eps: cutlass.Float32 | None, mS: cute.Tensor | None):
+        """The GEMV; mS (fp32 [K], T = 1) or None: x is read as bf16(x + s)."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
@@ -93,10 +99,20 @@ class GemvBf16:
         cute.arch.griddepcontrol_launch_dependents()
 
         gX = [cute.zipped_divide(mX[cutlass.min(t, t_rows - 1), None], (VEC,)) for t in range(self.cols)]
+        gS = None
+        if cutlass.const_expr(mS is not None):
+            gS = cute.zipped_divide(mS, (VEC,))
         xpre = cute.make_rmem_tensor((VEC, pre, self.cols), cutlass.BFloat16)
         for i in cutlass.range_constexpr(pre):
             for t in cutlass.range_constexpr(self.cols):
                 cute.autovec_copy(gX[t][None, cutlass.min(tidx + i * self.threads, nchunks - 1)], xpre[None, i, t])
+        if cutlass.const_expr(mS is not None):  # every load above first, then the sums
+            spre = cute.make_rmem_tensor((VEC, pre), cutlass.Float32)
+            for i in cutlass.range_constexpr(pre):
+                cute.autovec_copy(gS[None, cutlass.min(tidx + i * self.threads, nchunks - 1)], spre[None, i])
+            for i in cutlass.range_constexpr(pre):
+                xpre[None, i, 0].store((xpre[None, i, 0].load().to(cutlass.Float32) + spre[None, i].load())
+                                       .to(cutlass.BFloat16))
 
         smem = cutlass.memory.SmemAllocator()
         scale = cutlass.Float32(1.0)
@@ -106,7 +122,7 @@ class GemvBf16:
             for i in cutlass.range_constexpr(pre):
                 cute.autovec_copy(gN[None, cutlass.min(tidx + i * self.threads, nchunks - 1)], npre[None, i])
             part = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.warps,)))
-            scale = self.norm_scale(gX[0], xpre, k, nchunks, eps, part, tidx, lane, warp)
+            scale = self.norm_scale(gX[0], gS, xpre, k, nchunks, eps, part, tidx, lane, warp)
 
         acc = cute.make_rmem_tensor((self.rows * self.cols,), cutlass.Float32)
         acc.fill(0.0)
@@ -130,8 +146,7 @@ class GemvBf16:
                 cute.autovec_copy(gW[r][None, c], wb)
                 wf[None, r].store(wb.load().to(cutlass.Float32))
             for t in cutlass.range_constexpr(self.cols):
-                xb = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
-                cute.autovec_copy(gX[t][None, c], xb)
+                xb = self.x_chunk(gX[t], gS, c)
                 xf = cute.make_rmem_tensor((VEC,), cutlass.Float32)
                 if cutlass.const_expr(self.norm):
                     nb = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
@@ -169,6 +184,17 @@ class GemvBf16:
                     mY[t, o] = a.to(cutlass.BFloat16)
 
     @cute.jit
+    def x_chunk(self, gx: cute.Tensor, gs: cute.Tensor | None, c):
+        """Chunk c of x (bf16, in registers), or of bf16(x + s) when gs (the sums' chunks) is given."""
+        xb = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
+        cute.autovec_copy(gx[None, c], xb)
+        if cutlass.const_expr(gs is not None):
+            sb = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+            cute.autovec_copy(gs[None, c], sb)
+            xb.store((xb.load().to(cutlass.Float32) + sb.load()).to(cutlass.BFloat16))
+        return xb
+
+    @cute.jit
     def fma(self, acc: cute.Tensor, wf: cute.Tensor, xf: cute.Tensor, t: cutlass.Constexpr):
         """acc[r, t] += W chunk row r . x chunk, for every row of the CTA."""
         for r in cutlass.range_constexpr(self.rows):
@@ -182,9 +208,9 @@ class GemvBf16:
         return y.to(cutlass.BFloat16).to(cutlass.Float32)
 
     @cute.jit
-    def norm_scale(self, gx: cute.Tensor, xpre: cute.Tensor, k, nchunks, eps: cutlass.Float32, part: cute.Tensor,
-                   tidx, lane, warp):
-        """rsqrt(mean(x^2) + eps) over the whole x row: the staged chunks, then those past them."""
+    def norm_scale(self, gx: cute.Tensor, gs: cute.Tensor | None, xpre: cute.Tensor, k, nchunks, eps: cutlass.Float32,
+                   part: cute.Tensor, tidx, lane, warp):
+        """rsqrt(mean(x^2) + eps) over the whole x row (x + s with gs): the staged chunks, then those past them."""
         ss = cutlass.Float32(0.0)
         for i in cutlass.range_constexpr(self.prefetch):
             v = xpre[None, i, 0].load().to(cutlass.Float32)
@@ -192,9 +218,7 @@ class GemvBf16:
             if tidx + i * self.threads < nchunks:
                 ss = ss + sq
         for c in cutlass.range(tidx + self.prefetch * self.threads, nchunks, self.threads, unroll=self.unroll):
-            xb = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
-            cute.autovec_copy(gx[None, c], xb)
-            v = xb.load().to(cutlass.Float32)
+            v = self.x_chunk(gx, gs, c).load().to(cutlass.Float32)
             ss = ss + (v * v).reduce(cute.ReductionOp.ADD, cutlass.Float32(0.0), reduction_profile=0)
         for sh in cutlass.range_constexpr(5):
             ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << sh)
@@ -205,3 +229,25 @@ class GemvBf16:
         for w in cutlass.range_constexpr(self.warps):
             total = total + part[w]
         return cute.math.rsqrt(total / cutlass.Float32(k) + eps, fastmath=False)
+
+
+class GemvBf16Add(GemvBf16):
+    """GemvBf16 (T = 1, plain, the RMSNorm folded) reading x as bf16(x + s), s fp32 [K]: the sums an
+    `accumulate` GEMV left (a residual deferred to the GEMVs that read it; this one only reads them)."""
+
+    def __init__(self, *args, add: bool = True, **kw):
+        super().__init__(*args, **kw)
+        if not add or not self.norm:
+            raise ValueError("add: the folded-norm variant (cols = 1, plain) only")
+
+    @cute.jit
+    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mNw: cute.Tensor, mY: cute.Tensor,
+                 eps: cutlass.Float32 | None, mS: cute.Tensor, stream: cuda.CUstream):
+        m = cute.size(mY, mode=[1])
+        grid = ((m + self.outs - 1) // self.outs, 1, 1)
+        self.kernel(mW, mX, mR, mNw, mY, eps, mS).launch(grid=grid, block=(self.threads, 1, 1), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mNw: cute.Tensor, mY: cute.Tensor,
+               eps: cutlass.Float32 | None, mS: cute.Tensor):
+        self.body(mW, mX, mR, mNw, mY, eps, mS)

@@ -104,9 +104,20 @@ def dry(artifact, tmp_path_factory):
     for mod in (launchers, gdn_variants, gemv_variants, gemv_mma_variants, sample_variants, prefill_variants):
         mp.setattr(mod, "launch", record)
     mp.setattr(launchers.Gemm, "_tma", lambda self, p, ptr, rows, cols: bytes(p.size))  # no driver here
+    workspaces: dict = {}  # the stream-K members' own workspaces (device_alloc: no driver here), from the arena
+
+    def workspace(self, y, nbytes):
+        key = (self.name, y.ptr, nbytes)
+        if key not in workspaces:
+            workspaces[key] = ops_holder[0].alloc(f"{self.name} workspace", nbytes)
+        return workspaces[key]
+
+    ops_holder: list = []
+    mp.setattr(gemv_mma_variants.GemvMmaSK, "workspace", workspace)
 
     def make_ops(self, config, device, emulate):
-        ops = DryOps(self.plan.arena_bytes, config, config.n_heads // config.n_kv_heads)
+        ops = DryOps(self.plan.arena_bytes + (1 << 20), config, config.n_heads // config.n_kv_heads)
+        ops_holder[:] = [ops]
         ops.preload_gemv(gemv_kinds(self.plan.placements))
         return ops
 

@@ -241,7 +241,7 @@ def test_preloaded_gemvs_are_exactly_the_launched_ones(emulated):
     finally:
         emulated.release(s)
         del ops.gemv
-    assert seen == gemv_kinds(emulated.plan.placements)
+    assert seen == gemv_kinds(emulated.plan.placements, emulated.program.accumulating)
 
 
 def test_greedy_fast_path_equals_logits_argmax(emulated):

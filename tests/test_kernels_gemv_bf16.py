@@ -19,7 +19,7 @@ needs_dsl = pytest.mark.skipif(not dsl_available(), reason="CuTe DSL not install
 
 def test_variant_table():
     assert [v.name for v in gb.GEMV_BF16_VARIANTS] == [f"gemv_bf16_t{t}{e}" for e in ("", "_res", "_swiglu")
-                                                       for t in (1, 2, 4, 8)] + ["gemv_bf16_t1_n"]
+                                                       for t in (1, 2, 4, 8)] + ["gemv_bf16_t1_n", "gemv_bf16_t1_na"]
     assert gb.variant_name(1, "residual") == "gemv_bf16_t1_res"
     assert gb.variant_name(3, "swiglu") == "gemv_bf16_t4_swiglu"
     assert get("gemv_bf16_t1_swiglu").config["rows"] == 2  # gate + up rows of one output
@@ -41,7 +41,12 @@ def test_norm_variant_table():
     assert v.config == dict(cols=1, rows=1, threads=128, unroll=2, epilogue="plain", prefetch=5, norm=True)
     assert [a.name for a in v.args if a is not None] == ["w", "x", "nw", "y", "eps"]
     assert v.args[3].shape == ("K",) and v.args[5].dtype == "f32"
-    assert all("norm" not in u.config for u in gb.GEMV_BF16_VARIANTS if u is not v)
+    assert all("norm" not in u.config for u in gb.GEMV_BF16_VARIANTS if u is not v and not u.config.get("add"))
+    na = get(gb.variant_name(1, norm=True, add=True))
+    assert na.name == "gemv_bf16_t1_na" and na.cls == "GemvBf16Add" and na.config["norm"]
+    assert [a.name for a in na.args if a is not None] == ["w", "x", "nw", "y", "eps", "s"] and na.args[6].dtype == "f32"
+    with pytest.raises(LaunchError, match="norm=True"):
+        gb.variant_name(1, add=True)
     for cols, epilogue in ((2, "plain"), (1, "residual"), (1, "swiglu")):
         with pytest.raises(LaunchError, match="folds the RMSNorm at 1 column"):
             gb.variant_name(cols, epilogue, norm=True)
@@ -64,14 +69,14 @@ def test_kernel_refuses_norm_it_does_not_support():
                                        ("gemv_bf16_t1", "sm_120a"), ("gemv_bf16_t2", "sm_120a"),
                                        ("gemv_bf16_t1_res", "sm_90a"), ("gemv_bf16_t1_swiglu", "sm_90a"),
                                        ("gemv_bf16_t8_swiglu", "sm_120a"), ("gemv_bf16_t1_n", "sm_90a"),
-                                       ("gemv_bf16_t1_n", "sm_120a")])
+                                       ("gemv_bf16_t1_na", "sm_90a"), ("gemv_bf16_t1_n", "sm_120a")])
 def test_builds(name, arch, tmp_path):
     v = get(name)
     m = build_variant(v, arch, tmp_path)
     assert (tmp_path / arch / f"{name}.cubin").stat().st_size > 1000
     outs = v.config["rows"] // (2 if name.endswith("_swiglu") else 1)
     assert m.block == [gb.THREADS, 1, 1] and m.grid == [f"cdiv(M, {outs})", "1", "1"]
-    want = {"_res": ["w", "x", "r", "y"], "_n": ["w", "x", "nw", "y", "eps"]}
+    want = {"_res": ["w", "x", "r", "y"], "_n": ["w", "x", "nw", "y", "eps"], "_na": ["w", "x", "nw", "y", "eps", "s"]}
     assert [p.name for p in m.params] == want.get(name[name.rfind("_"):], ["w", "x", "y"])
 
 

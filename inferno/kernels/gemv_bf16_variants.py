@@ -3,7 +3,8 @@
 One variant per (epilogue, column count T): `gemv_bf16_t<T>[_res|_swiglu]`, T in 1, 2, 4, 8
 (a variant accepts any 1 <= T <= its T), plus `gemv_bf16_t1_n`: T = 1, plain epilogue, with the
 zero-centred RMSNorm folded into its x load (y = W . bf16(x * rsqrt(mean(x^2) + eps) * (1 + nw)),
-rounded as the rmsnorm kernel rounds it). Host arguments, in order:
+rounded as the rmsnorm kernel rounds it), and `gemv_bf16_t1_na`: the same on x = bf16(x + s) (s fp32 [K],
+after eps: a residual deferred by an accumulating GEMV). Host arguments, in order:
   w   bf16 [N, K]   row stride w_stride (K a multiple of 8)
   x   bf16 [T, K]   row stride x_stride (the un-normed residual stream for `_n`)
   r   bf16 [T, M]   residual (the `_res` variants only)
@@ -41,9 +42,12 @@ def rows_for(cols: int, epilogue: str = "plain") -> int:
     return max(rows, 2) if epilogue == "swiglu" else rows
 
 
-def variant_name(cols: int = 1, epilogue: str = "plain", norm: bool = False) -> str:
+def variant_name(cols: int = 1, epilogue: str = "plain", norm: bool = False, add: bool = False) -> str:
     """The variant with `epilogue` that takes `cols` columns (the smallest T >= cols); `norm`: the
-    one with the RMSNorm folded into its x load (T = 1, plain epilogue only)."""
+    one with the RMSNorm folded into its x load (T = 1, plain epilogue only); `add` (with norm): the one
+    reading x as bf16(x + s), s the fp32 sums of an accumulating GEMV (`_na`)."""
+    if add and not norm:
+        raise LaunchError("the bf16 GEMV adds accumulated sums only with the RMSNorm folded (norm=True)")
     if epilogue not in EPILOGUES:
         raise LaunchError(f"unknown GEMV epilogue {epilogue!r}; epilogues: {', '.join(EPILOGUES)}")
     t = next((c for c in COLS if c >= cols), None)
@@ -52,7 +56,7 @@ def variant_name(cols: int = 1, epilogue: str = "plain", norm: bool = False) -> 
     if norm and (t != 1 or epilogue != "plain"):
         raise LaunchError(f"the bf16 GEMV folds the RMSNorm at 1 column with the plain epilogue only "
                           f"(asked: {cols} columns, {epilogue}); run rmsnorm first")
-    return f"gemv_bf16_t{t}{EPILOGUES[epilogue]}{NORM_SUFFIX if norm else ''}"
+    return f"gemv_bf16_t{t}{EPILOGUES[epilogue]}{NORM_SUFFIX if norm else ''}{'a' if add else ''}"
 
 
 def norm_variant_name() -> str:
@@ -68,11 +72,11 @@ def prefetch_for(cols: int, epilogue: str = "plain") -> int:
 
 
 def make_variant(cols: int, rows: int | None = None, threads: int = THREADS, unroll: int = 2,
-                 epilogue: str = "plain", norm: bool = False, prefetch: int | None = None) -> Variant:
-    """The variant for `cols` columns and `epilogue` (with the folded RMSNorm when `norm`);
-    rows/threads/unroll/prefetch other than the defaults (for tuning) add
-    `_r<rows>_n<threads>_u<unroll>_p<prefetch>` to the name."""
-    name = variant_name(cols, epilogue, norm)
+                 epilogue: str = "plain", norm: bool = False, prefetch: int | None = None, add: bool = False) -> Variant:
+    """The variant for `cols` columns and `epilogue` (with the folded RMSNorm when `norm`, reading x + s when
+    `add`: GemvBf16Add, s fp32 [K] after eps); rows/threads/unroll/prefetch other than the defaults (for
+    tuning) add `_r<rows>_n<threads>_u<unroll>_p<prefetch>` to the name."""
+    name = variant_name(cols, epilogue, norm, add)
     rows = rows or rows_for(cols, epilogue)
     prefetch = prefetch or prefetch_for(cols, epilogue)
     if (rows, threads, unroll, prefetch) != (rows_for(cols, epilogue), THREADS, 2, prefetch_for(cols, epilogue)):
@@ -85,11 +89,14 @@ def make_variant(cols: int, rows: int | None = None, threads: int = THREADS, unr
     config = dict(cols=cols, rows=rows, threads=threads, unroll=unroll, epilogue=epilogue, prefetch=prefetch)
     if norm:
         what, config["norm"] = "y = W . rmsnorm(x, nw, eps)", True
+    if add:
+        what, config["add"] = "y = W . rmsnorm(bf16(x + s), nw, eps)", True
     return Variant(
-        name=name, op="gemv_bf16", source="cute_kernels.gemv_bf16", cls="GemvBf16",
+        name=name, op="gemv_bf16", source="cute_kernels.gemv_bf16", cls="GemvBf16Add" if add else "GemvBf16",
         config=config,
         args=(Tensor("w", "bf16", ("N", "K"), ("w_stride", 1)), Tensor("x", "bf16", ("T", "K"), ("x_stride", 1)),
-              r, nw, Tensor("y", "bf16", ("T", "M"), ("y_stride", 1), align=2), eps),
+              r, nw, Tensor("y", "bf16", ("T", "M"), ("y_stride", 1), align=2), eps,
+              *((Tensor("s", "f32", ("K",), (1,)),) if add else ())),
         grid=(f"cdiv(M, {outs})", "1", "1"),
         divisibility={"K": 8, "w_stride": 8, "x_stride": 8},
         pdl=True,
@@ -98,7 +105,7 @@ def make_variant(cols: int, rows: int | None = None, threads: int = THREADS, unr
 
 
 GEMV_BF16_VARIANTS: tuple[Variant, ...] = (*(make_variant(c, epilogue=e) for e in EPILOGUES for c in COLS),
-                                            make_variant(1, norm=True))
+                                            make_variant(1, norm=True), make_variant(1, norm=True, add=True))
 
 
 class GemvBf16(Launcher):
@@ -112,21 +119,24 @@ class GemvBf16(Launcher):
         self.cols, self.rows = self.config["cols"], self.config["rows"]
         self.epilogue = self.config.get("epilogue", "plain")
         self.norm = bool(self.config.get("norm", False))
+        self.add = bool(self.config.get("add", False))
 
     @classmethod
     def load(cls, cols: int = 1, device: "Device | None" = None, epilogue: str = "plain",
-             norm: bool = False) -> "GemvBf16":
-        """The launcher of the variant for `cols` columns and `epilogue` (folded RMSNorm if `norm`)."""
+             norm: bool = False, add: bool = False) -> "GemvBf16":
+        """The launcher of the variant for `cols` columns and `epilogue` (folded RMSNorm if `norm`, x + s if
+        `add`)."""
         from inferno.kernels.cache import load
         from inferno.kernels.registry import get
 
-        return cls(load(get(variant_name(cols, epilogue, norm)), device))
+        return cls(load(get(variant_name(cols, epilogue, norm, add)), device))
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int = 1, *,
                  r: DeviceBuffer | None = None, norm: tuple[DeviceBuffer, float] | None = None,
-                 stream: Any = None) -> None:
-        """W is [n, k] (n = 2I for swiglu); pass r exactly for the residual epilogue and
-        norm=(nw bf16 [k], eps) exactly for a `_n` variant (x is then the un-normed row)."""
+                 sums: DeviceBuffer | None = None, stream: Any = None) -> None:
+        """W is [n, k] (n = 2I for swiglu); pass r exactly for the residual epilogue,
+        norm=(nw bf16 [k], eps) exactly for a `_n` variant (x is then the un-normed row) and sums (fp32 [k]:
+        x is read as bf16(x + sums)) exactly for the `_na` one."""
         n, k, cols = (_int(v, nm, self.name) for v, nm in ((n, "n"), (k, "k"), (cols, "cols")))
         if cols > self.cols:
             raise LaunchError(f"kernel {self.name}: cols = {cols} exceeds its {self.cols}; use a wider variant")
@@ -136,6 +146,8 @@ class GemvBf16(Launcher):
         if (norm is None) == self.norm:
             raise LaunchError(f"kernel {self.name}: pass norm=(nw, eps) exactly for a {NORM_SUFFIX} variant "
                               f"({norm_variant_name()})")
+        if (sums is None) == self.add:
+            raise LaunchError(f"kernel {self.name}: pass sums= exactly for the {NORM_SUFFIX}a variant")
         if self.epilogue == "swiglu" and n % 2:
             raise LaunchError(f"kernel {self.name}: swiglu needs an even row count (gate | up), got {n}")
         m = n // 2 if self.epilogue == "swiglu" else n
@@ -150,6 +162,8 @@ class GemvBf16(Launcher):
         args.append(TensorArg(_buf(y, "y", self.name, cols * m * BF16, align=2), (cols, m), (m,)))
         if eps is not None:
             args.append(eps)
+        if sums is not None:
+            args.append(TensorArg(_buf(sums, "sums", self.name, k * 4), (k,)))
         self._launch(args, {"N": n, "M": m, "K": k, "T": cols}, stream)
 
     def _norm_args(self, norm: Any) -> tuple[DeviceBuffer, float]:

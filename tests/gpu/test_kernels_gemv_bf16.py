@@ -111,20 +111,24 @@ def _norm_inputs(rng, k: int) -> tuple[np.ndarray, np.ndarray]:
     return x, nw
 
 
-def run_norm(device, w: np.ndarray, x: np.ndarray, nw: np.ndarray, eps: float = EPS) -> np.ndarray:
-    """gemv_bf16_t1_n on (w, x, nw) into a poisoned y with a guard tail; y as fp32 [N]."""
-    kern = GemvBf16.load(1, device, norm=True)
+def run_norm(device, w: np.ndarray, x: np.ndarray, nw: np.ndarray, eps: float = EPS,
+             s: np.ndarray | None = None) -> np.ndarray:
+    """gemv_bf16_t1_n (with s: gemv_bf16_t1_na, x read as bf16(x + s)) on (w, x, nw) into a poisoned y with a
+    guard tail; y as fp32 [N]."""
+    kern = GemvBf16.load(1, device, norm=True, add=s is not None)
     n, k = w.shape
     dw, dx, dn = to_device(None, w, "w"), to_device(None, x, "x"), to_device(None, nw, "nw")
+    ds = to_device(None, s, "s") if s is not None else None
     out_bytes = n * 2
     dy = device_alloc(out_bytes + GUARD, "y")
     memset_d8(dy, 0xFF)  # bf16 0xFFFF is a NaN: any output left unwritten shows
     try:
-        kern(dw, dx, dy, n, k, norm=(dn, eps))
+        kern(dw, dx, dy, n, k, norm=(dn, eps), **({"sums": ds} if ds is not None else {}))
         raw = from_device(dy, np.uint8, (out_bytes + GUARD,))
     finally:
-        for b in (dw, dx, dn, dy):
-            b.free()
+        for b in (dw, dx, dn, dy, ds):
+            if b is not None:
+                b.free()
     where = f"{kern.name} n={n} k={k}"
     guard = np.flatnonzero(raw[out_bytes:] != 0xFF)
     assert guard.size == 0, f"{where}: {guard.size} guard bytes past the output written (first at +{guard[0]})"
@@ -197,6 +201,28 @@ def test_norm_rounds_xn_as_rmsnorm(device, rng, k):
     single = ~pair
     _assert_bit_exact(y[single], normed[a[single]], np.abs(normed[a[single]]),
                       f"gemv_bf16_t1_n k={k} vs {norm.name}")
+
+
+@pytest.mark.parametrize("k", NORM_K)
+def test_norm_add_reads_x_plus_sums(device, rng, k):
+    """gemv_bf16_t1_na: x is bf16(x + s) (s fp32, a deferred residual's sums) before the norm: random rows
+    within the output's rounding, selection rows bit for bit against the numpy reference."""
+    x, nw = _norm_inputs(rng, k)
+    s = (rng.standard_normal(k) * 2).astype(np.float32)
+    xs = (x.astype(np.float32) + s).astype(bf16)
+    w = (rng.standard_normal((96, k), np.float32) * 0.05).astype(bf16)
+    y = run_norm(device, w, x, nw, s=s)
+    want = normed_ref(xs, nw, EPS).astype(np.float64) @ w.astype(np.float64).T
+    err = rel_error(y[None], want.astype(np.float32))
+    assert err <= 2.0 ** -8 * 1.05, f"gemv_bf16_t1_na k={k}: rel err {err:.2e}; {_describe(y[None], want)}"
+    w, a, b = _selection_rows(rng, k)
+    y = run_norm(device, w, x, nw, s=s)
+    xn = normed_ref(xs, nw, EPS)[0]
+    pair = b >= 0
+    want = xn[a].copy()
+    want[pair] = (xn[a[pair]] - xn[b[pair]]).astype(bf16).astype(np.float32)
+    size = np.maximum(np.abs(xn[a]), np.where(pair, np.abs(xn[b]), 0.0))
+    _assert_bit_exact(y, want, size, f"gemv_bf16_t1_na k={k} vs the numpy reference")
 
 
 @pytest.mark.parametrize("graph", [False, True])

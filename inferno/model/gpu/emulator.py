@@ -148,16 +148,18 @@ class EmulatedOps:
         """As on the GPU (the shapes the `_n` kernels cover)."""
         return self.fold_norms and folds_norm_shape(fmt, epilogue, tiled, k)
 
-    def defers_residual(self, out_fmt, out_tiled, out_k, in_fmt, in_tiled, k) -> bool:
+    def defers_residual(self, out_fmt, out_tiled, out_k, readers, k) -> bool:
         """As on the GPU (the shapes the accumulate / `_na` kernels cover, the norm folded)."""
-        return self.fold_norms and defers_residual_shape(out_fmt, out_tiled, out_k, in_fmt, in_tiled, k)
+        return self.fold_norms and defers_residual_shape(out_fmt, out_tiled, out_k, readers, k)
 
-    def _x(self, x, k, norm, add=None):
-        """x as the GEMV reads it: bf16(x + s) with `add` (written to add.xo, add.z zeroed, as the kernel does),
-        then RMS-normed (bf16, as the kernel stages it) when `norm` is given."""
+    def _x(self, x, k, norm, add=None, sums=None):
+        """x as the GEMV reads it: bf16(x + s) with `add` (written to add.xo, add.z zeroed, as the kernel does)
+        or `sums` (s only read), then RMS-normed (bf16, as the kernel stages it) when `norm` is given."""
         xv = self._get(x, bfloat16, k)
+        if add is not None or sums is not None:
+            s = add.s if add is not None else sums
+            xv = (xv + self._get(s, np.float32, k)).astype(bfloat16).astype(np.float32)
         if add is not None:
-            xv = (xv + self._get(add.s, np.float32, k)).astype(bfloat16).astype(np.float32)
             self._put(add.xo, xv)
             self._put(add.z, np.zeros(k, np.float32), np.float32)
         if norm is None:
@@ -180,9 +182,9 @@ class EmulatedOps:
                 out = out + self._get(r, bfloat16, n)
         self._put(y, out)
 
-    def linear_bf16(self, x, w, y, n, k, norm=None) -> None:
+    def linear_bf16(self, x, w, y, n, k, norm=None, sums=None) -> None:
         self.launches += 1
-        self._put(y, self._get(w, bfloat16, n * k).reshape(n, k) @ self._x(x, k, norm))
+        self._put(y, self._get(w, bfloat16, n * k).reshape(n, k) @ self._x(x, k, norm, sums=sums))
 
     def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
                       k_heads, v_heads, n_slots, eps) -> None:

@@ -380,7 +380,11 @@ class GpuExecutor:
 
         def grab(i: int) -> None:
             out.mixer.append(self._download_bf16(ws["mix_out"], self.program.mixer_width(i)))
-            out.residual.append(self._download_bf16(ws["x"], self.config.hidden))
+            x, sums = self.program.layer_output(i)
+            xv = self._download_bf16(x, self.config.hidden)
+            if sums is not None:  # deferred: x + the down GEMV's sums, as the next layer's GEMVs read it
+                xv = (xv + self.ops.download(sums, np.float32, (self.config.hidden,))).astype(bfloat16).astype(np.float32)
+            out.residual.append(xv)
 
         with self._lock:
             self._enter()

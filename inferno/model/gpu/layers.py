@@ -19,10 +19,12 @@ launch into ws['normed']):
     act    = silu(Wg normed) * (Wu normed)           (GEMV, fused SwiGLU epilogue)
     x      = x_mid + Wdown act                       (GEMV, residual epilogue)
 
-With deferred residuals (`Ops.defers_residual`, every layer) the output GEMV only adds its fp32 sums into
-s_i (`accumulate`: no end-of-launch flush) and the gate_up GEMV stages x_mid = bf16(x + s_i) itself: it writes
-x_mid (for down) and zeroes s_{i+1}, the next layer's sums (s_i cycles through 2 buffers, 3 when the layer
-count is odd, so that no launch zeroes the sums it reads).
+Deferred residuals (`Ops.defers_residual`, per chain: every layer, or none): the mixer output GEMV only
+adds its fp32 sums into s_i (`accumulate`: no end-of-launch flush) and the gate_up GEMV stages
+x_mid = bf16(x + s_i) itself: it writes x_mid (for down) and zeroes s_{i+1}, the next layer's sums. Likewise
+down (layers 0 .. L-2, merged input projections) accumulates into d_i and layer i+1's input GEMV stages
+x = bf16(x_mid + d_i), writes x and zeroes d_{i+1} (its a|b GEMV on the side branch reads x_mid + d_i too).
+The sums of a chain cycle through 2 buffers (3 when its length is odd), so no launch zeroes what it reads.
 
 then `normed = rmsnorm(x, final_norm)` and the head GEMV writes bf16 logits. The per-step inputs
 (token, position, GDN slot, length, page table) are read from the device `step` buffer, so the
@@ -61,8 +63,12 @@ class DecodeProgram:
                                  plan.kv.pages_per_seq, plan.kv.n_pages, plan.attn_splits)
         self.n_slots = plan.gdn.slots
         ops.zero(self.ws["gdn_sync"])  # the fused conv+step leaves its counters at zero after every call
-        self.sums = self._deferred_sums()
-        ops.zero(self.ws["res_sums"])  # each gate_up zeroes the next layer's sums after this
+        n = c.n_layers
+        self.out_sums = self._chain([(self._mixer_output(i), [self._reader(f"text/layers/{i}/mlp/gate_up", "swiglu")])
+                                     for i in range(n)], 0)
+        self.down_sums = self._chain([(self.w[f"text/layers/{i}/mlp/down"], self._input_kinds(i + 1))
+                                      for i in range(n - 1)], 3)
+        ops.zero(self.ws["res_sums"])  # each reader zeroes the next sums of its chain after this
 
 
     @property
@@ -113,24 +119,53 @@ class DecodeProgram:
         self.ops.rmsnorm(ws[x], self.w[norm].buf, ws["normed"], c.hidden, c.rms_eps)
         return ws["normed"], None
 
-    def _mixer_output(self, i: int) -> DeviceTensor:
+    def _mixer_output_name(self, i: int) -> str:
         mixer = "attention" if self.c.layer_types[i] == "full_attention" else "gdn"
-        return self.w[f"text/layers/{i}/{mixer}/output"]
+        return f"text/layers/{i}/{mixer}/output"
 
-    def _deferred_sums(self) -> list[DeviceBuffer] | None:
-        """Layer i's deferred-residual sums (fp32 [hidden] views of ws['res_sums']) when every layer defers
-        (`Ops.defers_residual`), else None: buffer i % 2, the last layer's 2 when the count is odd."""
-        c, n = self.c, self.c.n_layers
+    def _mixer_output(self, i: int) -> DeviceTensor:
+        return self.w[self._mixer_output_name(i)]
+
+    def _reader(self, name: str, epilogue: str) -> tuple[str, str, bool] | None:
+        """(format, epilogue, tiled) of the GEMV of weight `name` when it folds the RMSNorm, else None."""
+        w = self.w[name]
+        return (w.fmt, epilogue, w.tiled) if self.ops.folds_norm(w.fmt, epilogue, w.tiled, self.c.hidden) else None
+
+    def _input_kinds(self, i: int) -> list[tuple[str, str, bool] | None] | None:
+        """The readers of layer i's input (merged input projections only: one GEMV writes x), else None."""
+        readers = self._input_readers(i)
+        if len(readers) > 1 + (self.c.layer_types[i] != "full_attention"):  # halves, not one merged stack
+            return None
+        return [self._reader(readers[0], "plain")] + [self._reader(r, "plain") for r in readers[1:]]
+
+    def _chain(self, links: list, base: int) -> list[DeviceBuffer] | None:
+        """The sums buffers (fp32 [hidden] views of ws['res_sums'], from buffer `base`) of a chain of deferred
+        residuals, links [(writer weight, its output's readers)], when every link defers, else None: link j
+        uses buffer j % 2, the last one 2 when the count is odd (each reader zeroes link j + 1's)."""
+        c, n = self.c, len(links)
         if n < 2:
             return None
-        for i in range(n):
-            out, gu = self._mixer_output(i), self.w[f"text/layers/{i}/mlp/gate_up"]
-            if not (self.ops.folds_norm(gu.fmt, "swiglu", gu.tiled, c.hidden)
-                    and self.ops.defers_residual(out.fmt, out.tiled, out.shape[1], gu.fmt, gu.tiled, c.hidden)):
+        for out, readers in links:
+            if (readers is None or None in readers
+                    or not self.ops.defers_residual(out.fmt, out.tiled, out.shape[1], readers, c.hidden)):
                 return None
         size = c.hidden * FP32
-        bufs = [self.ws["res_sums"].view(b * size, size) for b in range(3)]
-        return [bufs[2 if i == n - 1 and n % 2 else i % 2] for i in range(n)]
+        bufs = [self.ws["res_sums"].view((base + b) * size, size) for b in range(3)]
+        return [bufs[2 if j == n - 1 and n % 2 else j % 2] for j in range(n)]
+
+    @property
+    def accumulating(self) -> frozenset[str]:
+        """The weights whose GEMV accumulates (a residual deferred to its readers)."""
+        n, outs, downs = self.c.n_layers, self.out_sums is not None, self.down_sums is not None
+        return frozenset([self._mixer_output_name(i) for i in range(n) if outs]
+                         + [f"text/layers/{i}/mlp/down" for i in range(n - 1) if downs])
+
+    def layer_output(self, i: int) -> tuple[DeviceBuffer, DeviceBuffer | None]:
+        """Where layer i's output x is after it ran: (ws['x'], None), or deferred (ws['x_mid'], d_i): x is then
+        bf16(x_mid + d_i)."""
+        if self.down_sums is not None and i < self.c.n_layers - 1:
+            return self.ws["x_mid"], self.down_sums[i]
+        return self.ws["x"], None
 
     def layer(self, i: int) -> None:
         c, ws, ops = self.c, self.ws, self.ops
@@ -138,36 +173,46 @@ class DecodeProgram:
         w = self.w
         mixer = "attention" if c.layer_types[i] == "full_attention" else "gdn"
         out, gu, down = self._mixer_output(i), w[p + "mlp/gate_up"], w[p + "mlp/down"]
-        x, norm = self._normed("x", p + "input_norm", self._input_readers(i))
-        (self._attention if mixer == "attention" else self._gdn)(i, p, x, norm)
-        if self.sums is not None:  # deferred: gate_up stages x_mid = x + the output GEMV's sums
-            s = self.sums[i]
+        ds, n = self.down_sums, c.n_layers
+        if ds is not None and i > 0:  # the input GEMV stages x = x_mid + the last down's sums
+            x, norm = ws["x_mid"], (w[p + "input_norm"].buf, c.rms_eps)
+            add = Addend(ds[i - 1], ws["x"], ds[i % (n - 1)])
+        else:
+            x, norm = self._normed("x", p + "input_norm", self._input_readers(i))
+            add = None
+        (self._attention if mixer == "attention" else self._gdn)(i, p, x, norm, add)
+        if self.out_sums is not None:  # gate_up stages x_mid = x + the output GEMV's sums
+            s = self.out_sums[i]
             ops.gemv(out.fmt, ACCUMULATE, out.buf, ws["mix_out"], s, c.hidden, out.shape[1], tiled=out.tiled)
             ops.gemv(gu.fmt, "swiglu", gu.buf, ws["x"], ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled,
                      norm=(w[p + "post_attention_norm"].buf, c.rms_eps),
-                     add=Addend(s, ws["x_mid"], self.sums[(i + 1) % c.n_layers]))
+                     add=Addend(s, ws["x_mid"], self.out_sums[(i + 1) % n]))
         else:
             ops.gemv(out.fmt, "residual", out.buf, ws["mix_out"], ws["x_mid"], c.hidden, out.shape[1], r=ws["x"],
                      tiled=out.tiled)
             x, norm = self._normed("x_mid", p + "post_attention_norm", [p + "mlp/gate_up"], "swiglu")
             ops.gemv(gu.fmt, "swiglu", gu.buf, x, ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled, norm=norm)
-        ops.gemv(down.fmt, "residual", down.buf, ws["act"], ws["x"], c.hidden, down.shape[1], r=ws["x_mid"],
-                 tiled=down.tiled)
+        if ds is not None and i < n - 1:
+            ops.gemv(down.fmt, ACCUMULATE, down.buf, ws["act"], ds[i], c.hidden, down.shape[1], tiled=down.tiled)
+        else:
+            ops.gemv(down.fmt, "residual", down.buf, ws["act"], ws["x"], c.hidden, down.shape[1], r=ws["x_mid"],
+                     tiled=down.tiled)
 
-    def _gdn(self, i: int, p: str, x: DeviceBuffer, norm: Norm | None) -> None:
+    def _gdn(self, i: int, p: str, x: DeviceBuffer, norm: Norm | None, add: Addend | None) -> None:
+        """`add`: x is the last layer's x_mid and its down's sums (merged input projections only)."""
         c, ws, ops, w = self.c, self.ws, self.ops, self.w
         kw, vw, hv = c.gdn_key_width, c.gdn_value_width, c.gdn_v_heads
         ab, merged = w[p + "gdn/a_b_projection"], w.get(p + MERGED_INPUTS["gdn"][0])
         mix = ws["mix_in"]
         with ops.side():  # the small projections overlap the large GEMV (merged q|k|v|z, or value_z)
-            ops.linear_bf16(x, ab.buf, ws["ab"], 2 * hv, c.hidden, norm=norm)
+            ops.linear_bf16(x, ab.buf, ws["ab"], 2 * hv, c.hidden, norm=norm, sums=None if add is None else add.s)
             if merged is None:
                 qk = w[p + "gdn/query_key"]
                 ops.gemv(qk.fmt, "plain", qk.buf, x, mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden, tiled=qk.tiled,
                          norm=norm)
         if merged is not None:
             ops.gemv(merged.fmt, "plain", merged.buf, x, mix.view(0, 2 * (kw + vw) * BF16), 2 * (kw + vw), c.hidden,
-                     tiled=merged.tiled, norm=norm)
+                     tiled=merged.tiled, norm=norm, add=add)
         else:
             vz = w[p + "gdn/value_z"]
             ops.gemv(vz.fmt, "plain", vz.buf, x, mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden,
@@ -179,14 +224,15 @@ class DecodeProgram:
                           w[p + "gdn/norm"].buf, self.states.recurrent[i], self.slots, ws["gdn_sync"],
                           ws["mix_out"], c.gdn_k_heads, hv, self.n_slots, c.rms_eps)
 
-    def _attention(self, i: int, p: str, x: DeviceBuffer, norm: Norm | None) -> None:
+    def _attention(self, i: int, p: str, x: DeviceBuffer, norm: Norm | None, add: Addend | None) -> None:
+        """`add`: x is the last layer's x_mid and its down's sums (merged input projections only)."""
         c, ws, ops, w, g = self.c, self.ws, self.ops, self.w, self.attn
         d = c.head_dim
         qw, kvw = c.n_heads * d, c.n_kv_heads * d
         mix, merged = ws["mix_in"], w.get(p + MERGED_INPUTS["attention"][0])
         if merged is not None:  # one GEMV: q | k | gate | v
             ops.gemv(merged.fmt, "plain", merged.buf, x, mix.view(0, 2 * (qw + kvw) * BF16), 2 * (qw + kvw),
-                     c.hidden, tiled=merged.tiled, norm=norm)
+                     c.hidden, tiled=merged.tiled, norm=norm, add=add)
             gate_value = mix.view((qw + kvw) * BF16, (qw + kvw) * BF16)
         else:
             qk, gv, gate_value = w[p + "attention/query_key"], w[p + "attention/gate_value"], ws["gate_value"]

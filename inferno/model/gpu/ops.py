@@ -60,9 +60,13 @@ def folds_norm_shape(fmt: str, epilogue: str, tiled: bool, k: int) -> bool:
 DEFER_ENV = "INFERNO_DEFER"  # 0: every residual GEMV finishes its own rows (A/B of deferred residuals)
 
 
-def defers_residual_shape(out_fmt: str, out_tiled: bool, out_k: int, in_fmt: str, in_tiled: bool, k: int) -> bool:
-    """Whether a residual GEMV (out_fmt, [k, out_k]) can hand its sums to the next GEMV (in_fmt, K = k, the
-    RMSNorm folded): both tensor-core Q4-Q6 (tile16-v1), the reader within NORM_KMAX, unless $INFERNO_DEFER=0."""
+Reader = tuple[str, str, bool]  # (format, epilogue, tiled) of a GEMV reading a residual stream, its RMSNorm folded
+
+
+def defers_residual_shape(out_fmt: str, out_tiled: bool, out_k: int, readers: list[Reader], k: int) -> bool:
+    """Whether a residual GEMV (out_fmt, [k, out_k]) can leave its sums to the GEMVs that read its output
+    (`readers`, K = k, each folding the RMSNorm): the writer tensor-core Q4-Q6 (tile16-v1), each reader that
+    too (plain or swiglu) or bf16 plain, K within NORM_KMAX; unless $INFERNO_DEFER=0."""
     import os
 
     from inferno.kernels import gemv_mma_variants as M
@@ -70,8 +74,11 @@ def defers_residual_shape(out_fmt: str, out_tiled: bool, out_k: int, in_fmt: str
     def q(fmt: str, tiled: bool) -> bool:
         return tiled and fmt in M.FORMATS and M.FORMATS[fmt][1] != 8
 
-    return (os.environ.get(DEFER_ENV, "1") != "0" and q(out_fmt, out_tiled) and q(in_fmt, in_tiled)
-            and out_k <= M.KMAX and k <= M.NORM_KMAX)
+    def reads(fmt: str, epilogue: str, tiled: bool) -> bool:
+        return epilogue == "plain" if fmt == "BF16" else q(fmt, tiled) and epilogue in ("plain", "swiglu")
+
+    return (os.environ.get(DEFER_ENV, "1") != "0" and q(out_fmt, out_tiled) and out_k <= M.KMAX
+            and k <= M.NORM_KMAX and bool(readers) and all(reads(*r) for r in readers))
 
 
 def fold_norms() -> bool:
@@ -105,10 +112,12 @@ class Ops(Protocol):
              r: DeviceBuffer | None = None, tiled: bool = False, norm: Norm | None = None,
              add: Addend | None = None) -> None: ...
     def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
-                    norm: Norm | None = None) -> None: ...
+                    norm: Norm | None = None,
+                    sums: DeviceBuffer | None = None) -> None: ...  # sums (with norm): x is bf16(x + sums)
     def folds_norm(self, fmt: str, epilogue: str, tiled: bool, k: int) -> bool: ...  # gemv / linear_bf16 take norm=
-    # whether a residual GEMV (out_fmt [k, out_k]) may `accumulate` for a swiglu GEMV (in_fmt, K = k) taking add=
-    def defers_residual(self, out_fmt: str, out_tiled: bool, out_k: int, in_fmt: str, in_tiled: bool,
+    # whether a residual GEMV (out_fmt [k, out_k]) may `accumulate` for the GEMVs reading its output (`readers`,
+    # K = k): gemv takes add=, linear_bf16 sums=
+    def defers_residual(self, out_fmt: str, out_tiled: bool, out_k: int, readers: list[Reader],
                         k: int) -> bool: ...
     def gdn_conv_step(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, z: DeviceBuffer,
                       a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer, dt_bias: DeviceBuffer,
@@ -200,7 +209,7 @@ class CudaOps:
         from inferno.kernels.gemv_variants import GemvQ, gemv_variant, variant_name
 
         if fmt == "BF16":
-            return self._gemv_bf16_launcher(epilogue, norm)
+            return self._gemv_bf16_launcher(epilogue, norm, add)
         if norm and not tiled:
             raise LaunchError(f"no GEMV with the RMSNorm folded in for {fmt} in its row-split layout")
         if tiled:  # groupwise-int in tile16-v1, NVFP4 in tile16-nvfp4-v1: the tensor-core GEMV
@@ -226,14 +235,14 @@ class CudaOps:
                 g = self._gemv[name] = GemvQ(load(gemv_variant(name), self.device))
         return g
 
-    def _gemv_bf16_launcher(self, epilogue: str, norm: bool = False) -> Any:
+    def _gemv_bf16_launcher(self, epilogue: str, norm: bool = False, add: bool = False) -> Any:
         """The bf16 GEMV with `epilogue` (BF16 matrices of mixed identities such as nvfp4), or (`norm`) the
-        one with the RMSNorm folded in (plain only)."""
+        one with the RMSNorm folded in (plain only; `add`: reading x + accumulated sums)."""
         from inferno.kernels.cache import load
         from inferno.kernels.gemv_bf16_variants import GemvBf16, variant_name
         from inferno.kernels.registry import get
 
-        name = variant_name(1, epilogue, norm)
+        name = variant_name(1, epilogue, norm, add)
         g = self._gemv.get(name)
         if g is None:
             g = self._gemv[name] = GemvBf16(load(get(name), self.device))
@@ -358,8 +367,10 @@ class CudaOps:
         else:
             g(w, x, y, n, k, 1, r=r, norm=norm, stream=self.stream)
 
-    def linear_bf16(self, x, w, y, n, k, norm=None) -> None:
-        if norm is None:
+    def linear_bf16(self, x, w, y, n, k, norm=None, sums=None) -> None:
+        if sums is not None:
+            self._gemv_bf16_launcher("plain", True, True)(w, x, y, n, k, 1, norm=norm, sums=sums, stream=self.stream)
+        elif norm is None:
             self._gemv_bf16(w, x, y, n, k, 1, stream=self.stream)
         else:
             self._gemv_bf16_launcher("plain", True)(w, x, y, n, k, 1, norm=norm, stream=self.stream)
@@ -375,13 +386,14 @@ class CudaOps:
             return False
         return True
 
-    def defers_residual(self, out_fmt, out_tiled, out_k, in_fmt, in_tiled, k) -> bool:
-        """As `defers_residual_shape`, with the norm folded and both kernel families built for this device."""
-        if not (self.fold_norms and defers_residual_shape(out_fmt, out_tiled, out_k, in_fmt, in_tiled, k)):
+    def defers_residual(self, out_fmt, out_tiled, out_k, readers, k) -> bool:
+        """As `defers_residual_shape`, with the norm folded and every kernel family built for this device."""
+        if not (self.fold_norms and defers_residual_shape(out_fmt, out_tiled, out_k, readers, k)):
             return False
         try:
             self._gemv_launcher(out_fmt, ACCUMULATE, out_tiled)
-            self._gemv_launcher(in_fmt, "swiglu", in_tiled, True, True)
+            for fmt, epilogue, tiled in readers:
+                self._gemv_launcher(fmt, epilogue, tiled, True, True)
         except InfernoError:
             return False
         return True

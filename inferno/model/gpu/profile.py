@@ -311,12 +311,12 @@ class RecordingOps:
             act += k * (2 * F32 + BF16)
         return f"{name} {role(w)}", Work(weights + act, 2 * n * k, fixed=weights)
 
-    def _w_linear_bf16(self, x, w, y, n, k, norm=None):
+    def _w_linear_bf16(self, x, w, y, n, k, norm=None, sums=None):
         from inferno.kernels.gemv_bf16_variants import variant_name
 
         weights = n * k * BF16 + self._norm_bytes(norm, k)
-        return (f"{variant_name(1)}{'_n' if norm is not None else ''} {role(w)}",
-                Work(weights + (k + n) * BF16, 2 * n * k, fixed=weights))
+        return (f"{variant_name(1, 'plain', norm is not None, sums is not None)} {role(w)}",
+                Work(weights + (k + n) * BF16 + (k * F32 if sums is not None else 0), 2 * n * k, fixed=weights))
 
     def _norm_bytes(self, norm, k: int) -> int:
         """A norm's weight bytes, counted by the first launch of the recording that reads it (an rmsnorm,

@@ -70,9 +70,11 @@ def gemv_epilogue(name: str) -> str | None:
     return next((e for suffix, e in GEMV_EPILOGUES.items() if name.endswith(suffix)), None)
 
 
-def gemv_kinds(placements) -> set[tuple[str, str, bool]]:
-    """(format, epilogue, tiled) of every GEMV the decode path launches for these placements."""
-    return {(p.fmt, gemv_epilogue(p.name), p.stored == TILED) for p in placements if gemv_epilogue(p.name) is not None}
+def gemv_kinds(placements, accumulating: frozenset[str] = frozenset()) -> set[tuple[str, str, bool]]:
+    """(format, epilogue, tiled) of every GEMV the decode path launches for these placements; the weights in
+    `accumulating` run the "accumulate" epilogue (deferred residuals: layers.DecodeProgram.accumulating)."""
+    return {(p.fmt, "accumulate" if p.name in accumulating else gemv_epilogue(p.name), p.stored == TILED)
+            for p in placements if gemv_epilogue(p.name) is not None}
 
 
 def tiling_mode(mode: str | None = None) -> str:
@@ -206,7 +208,7 @@ def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int, seqs
         "step": (STEP_HEADER + pages_per_seq) * I32,  # token, position, slot, length, page table
         "x": c.hidden * BF16,  # residual stream (layer input and output)
         "x_mid": c.hidden * BF16,  # residual stream after the mixer
-        "res_sums": 3 * c.hidden * FP32,  # the mixer output GEMVs' deferred sums (layers.py: 2-3 in turn)
+        "res_sums": 6 * c.hidden * FP32,  # deferred residual sums: mixer outputs, downs (layers.py: 2-3 each)
         "normed": c.hidden * BF16,
         "mix_in": max(mix_in, attn_in) * BF16,  # GDN q|k|v|z; attention q|k (merged: q|k|gate|v)
         "gate_value": (q_width + kv_width) * BF16 if separate else ALIGN,  # attention gate | v (separate)
