@@ -467,6 +467,25 @@ def _silu(x):
     return x / (cute.math.exp2(x * -LOG2E, fastmath=True) + 1.0)
 
 
+@cute.jit
+def _load_bf16(src: cute.Tensor, dst: cute.Tensor, sums: cutlass.Constexpr):
+    """dst (bf16 registers) <- src: bf16, or (sums) fp32 rounded to bf16 as a GEMV's epilogue rounds it."""
+    if cutlass.const_expr(sums):
+        r = cute.make_rmem_tensor(cute.size(dst), cutlass.Float32)
+        cute.autovec_copy(src, r)
+        dst.store(r.load().to(cutlass.BFloat16))
+    else:
+        cute.autovec_copy(src, dst)
+
+
+@cute.jit
+def _zero_f32(dst: cute.Tensor):
+    """Zeroes of dst (fp32, global)."""
+    r = cute.make_rmem_tensor(cute.size(dst), cutlass.Float32)
+    r.fill(0.0)
+    cute.autovec_copy(r, dst)
+
+
 class GdnConvStep:
     """GdnConvStepRows with a short dependent chain after the PDL wait.
 
@@ -488,11 +507,16 @@ class GdnConvStep:
     The gated RMSNorm's sum of o^2 over dv: per warp by shuffles, then across warps (smem + a named
     barrier) or the cluster (each warp stores its partial into every CTA's smem, barrier.cluster
     arrive before the state stores, wait after them); every CTA sums the partials in the same order.
+    `sums`: x and z are fp32, the sums an accumulating GEMV left (a deferred epilogue), rounded to bf16 as its
+    epilogue would; once read they are zeroed (v and z by their row-group-0 lanes, a key head's q/k by the
+    CTA that writes its window, after every reader has counted), so the next layer's GEMV adds into zeros.
     """
 
-    def __init__(self, splits: int = 4, threads: int = 160, head_k: int = 128, head_v: int = 128, width: int = 4):
+    def __init__(self, splits: int = 4, threads: int = 160, head_k: int = 128, head_v: int = 128, width: int = 4,
+                 sums: bool = False):
         if head_k != 128 or head_v != 128:
             raise ValueError("head_k and head_v must be 128")
+        self.sums = sums  # x and z fp32 (a GEMV's accumulated sums, rounded to bf16 here), zeroed once read
         if splits not in (1, 2, 4, 8):
             raise ValueError("splits must be 1, 2, 4 or 8 (a portable cluster)")
         if width != 4:
@@ -597,11 +621,13 @@ class GdnConvStep:
         rXqk = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
         if warp < nw:
             # 2. The inputs of this step (one round trip), the q/k conv + SiLU, l2norm scales and q.k.
-            cute.autovec_copy(gXqk, rXqk)
+            _load_bf16(gXqk, rXqk, self.sums)
             rXv = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
-            cute.autovec_copy(cute.zipped_divide(mX[seq, None], (COLS,))[None, v_chunk], rXv)
+            gXv = cute.zipped_divide(mX[seq, None], (COLS,))[None, v_chunk]
+            _load_bf16(gXv, rXv, self.sums)
             rZ = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
-            cute.autovec_copy(cute.zipped_divide(mZ[seq, None], (COLS,))[None, head * (dv // COLS) + col_chunk], rZ)
+            gZ = cute.zipped_divide(mZ[seq, None], (COLS,))[None, head * (dv // COLS) + col_chunk]
+            _load_bf16(gZ, rZ, self.sums)
             a_in = mA[seq, head].to(cutlass.Float32)
             b_in = mB[seq, head].to(cutlass.Float32)
             acc = rXqk.load().to(cutlass.Float32) * rWqk[None, taps].load().to(cutlass.Float32)
@@ -676,6 +702,11 @@ class GdnConvStep:
             for i in cutlass.range_constexpr(rows):
                 rS[None, i].store(rS[None, i].load() * decay + u * (rKr[i] * k_scale))
                 cute.autovec_copy(rS[None, i], cute.zipped_divide(gS[row0 + i, None], (COLS,))[None, col_chunk])
+            if cutlass.const_expr(self.sums):  # every lane has read its v and z sums: the row-group-0 lanes zero them
+                cute.arch.sync_warp()
+                if rg == 0:
+                    _zero_f32(gXv)
+                    _zero_f32(gZ)
             if rg == 0:
                 for t in cutlass.range_constexpr(taps - 1):
                     cute.autovec_copy(rTv[None, t + 1],
@@ -706,7 +737,7 @@ class GdnConvStep:
             arrived = cutlass.Int32(0)
             if lane == 0:
                 arrived = _atom_inc_release((mSync.iterator + seq * hk + kh).toint(), (hv // hk) * ns - 1)
-            cute.autovec_copy(gXqk, rXqk)
+            _load_bf16(gXqk, rXqk, self.sums)
             arrived = cute.arch.shuffle_sync(arrived, 0)
             if arrived == (hv // hk) * ns - 1:  # the counter is back at 0
                 cute.arch.fence_acq_rel_gpu()  # acquire: after every other reader's (released) count
@@ -714,5 +745,7 @@ class GdnConvStep:
                     cute.autovec_copy(rTqk[None, t + 1],
                                       cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk])
                 cute.autovec_copy(rXqk, cute.zipped_divide(mConvState[slot, taps - 1, None], (VEC,))[None, qk_chunk])
+                if cutlass.const_expr(self.sums):  # every reader of the key head's q/k sums has read them
+                    _zero_f32(gXqk)
             if cutlass.const_expr(ns > 1):
                 cute.arch.cluster_wait()

@@ -495,8 +495,8 @@ class GemvMmaSKAdd(GemvMmaSK):
 
     def __init__(self, *args, add: bool = True, **kw):
         super().__init__(*args, **kw)
-        if not add or self.cols != 1 or self.accumulate:
-            raise ValueError("add: T = 1, not accumulate")
+        if not add or self.cols != 1 or not self.norm:
+            raise ValueError("add: T = 1, the RMSNorm folded")
 
     @cute.jit
     def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,

@@ -251,7 +251,7 @@ def test_step_launcher_packs_and_grids(built, rec, arch, hk, hv):
     assert struct.unpack("<f", params.raw("eps"))[0] == pytest.approx(1e-6)
 
 
-FUSED = [v.name for v in GDN_VARIANTS if v.op == "gdn_conv_step"]
+FUSED = [v.name for v in GDN_VARIANTS if v.op == "gdn_conv_step" and not v.config.get("sums")]
 
 
 @pytest.mark.parametrize("name", FUSED)
@@ -285,6 +285,20 @@ def test_conv_step_launcher_packs_grids_and_clusters(built, rec, name, hk, hv):
     assert params.raw("sync") == struct.pack("<Qii", p["sync"], b * hk, 0)
     assert params.raw("out") == struct.pack("<Qiiq", p["out"], b, zw, zw)
     assert struct.unpack("<f", params.raw("eps"))[0] == pytest.approx(1e-6)
+
+
+def test_conv_step_sums_takes_fp32_inputs(built, rec):
+    """gdn_conv_step_sums: x and z are fp32 (an accumulating GEMV's sums): bf16-sized buffers are refused."""
+    k = GdnConvStep(_fake_loaded(built, "gdn_conv_step_sums"))
+    hk, hv, d, ns = 16, 48, 128, 2
+    c, zw = 2 * hk * d + hv * d, hv * d
+    big = _dev(64 << 20, 1 << 20)
+    x, z = _dev(c * 4, 1 << 30), _dev(zw * 4, 1 << 31)
+    k(x, big, big, z, *[big] * 9, 1, hk, hv, ns)
+    p = rec.calls[-1][2]
+    assert p.raw("x") == struct.pack("<Qiiq", x.ptr, 1, c, c) and p.raw("z") == struct.pack("<Qiiq", z.ptr, 1, zw, zw)
+    with pytest.raises(LaunchError, match=f"x 'buf' has {c * 2} bytes, the call needs {c * 4}"):
+        k(_dev(c * 2, 1 << 30), big, big, z, *[big] * 9, 1, hk, hv, ns)
 
 
 def test_conv_step_refuses_a_short_sync_buffer(built, rec):

@@ -211,9 +211,9 @@ def test_alternatives():
 def test_variant_table():
     names = {v.name for v in mv.GEMV_MMA_VARIANTS}
     # register-x K splits for every (format, epilogue, T), + T = 1 Q4-Q6: xs K splits and stream-K
-    # + the deferred-residual stream-K members: accumulate, plain / swiglu `_na`, Q4-Q6
+    # + the deferred-epilogue stream-K members: accumulate (plain, _n, _na), plain / swiglu `_na`, Q4-Q6
     assert len(names) == len(mv.GEMV_MMA_VARIANTS) == (4 * 3 * 2 * len(mv.KW) + (3 * 3 + 3 * 2) * (len(mv.XS_KW) + 1)
-                                                       + 3 * 3)
+                                                       + 3 * 5)
     assert mv.variant_name("Q4G64_F16S", "swiglu", 1) == "gemv_mma_q4_t1_swiglu"
     assert mv.variant_name("W8G32_F16S", "residual", 2) == "gemv_mma_w8_t8_res"
     assert mv.variant_name("Q6G64_F16S", "plain", 8) == "gemv_mma_q6_t8"
@@ -420,13 +420,15 @@ def test_deferred_members(tmp_path):
     for bad, match in ((dict(fmt="W8G32_F16S", epilogue=mv.ACCUMULATE), "Q4-Q6"),
                        (dict(fmt="Q4G64_F16S", epilogue=mv.ACCUMULATE, cols=8), "Q4-Q6, T = 1"),
                        (dict(fmt="Q4G64_F16S", epilogue="swiglu", add=True), "norm=True"),
-                       (dict(fmt="Q4G64_F16S", epilogue=mv.ACCUMULATE, norm=True), "RMSNorm")):
+                       (dict(fmt="Q4G64_F16S", epilogue="residual", norm=True), "RMSNorm")):
         with pytest.raises(LaunchError, match=match):
             mv.variant_name(**bad)
     acc, na = mv.gemv_mma_variant("gemv_mma_q5_t1_acc_sk"), mv.gemv_mma_variant("gemv_mma_q4_t1_swiglu_na_sk")
     assert [a.name for a in acc.args if a is not None] == ["w", "x", "y"] and acc.args[3].dtype == "f32"
     assert [a.name for a in na.args if a is not None] == ["w", "x", "y", "ws", "nw", "eps", "s", "xo", "z"]
     assert mv.family_members("gemv_mma_q5_t1_acc") == ["gemv_mma_q5_t1_acc_sk"]
+    assert mv.family_members("gemv_mma_q6_t1_acc_na") == ["gemv_mma_q6_t1_acc_na_sk"]
+    assert mv.variant_name("Q5G64_F16S", mv.ACCUMULATE, 1, norm=True) == "gemv_mma_q5_t1_acc_n"
     fam = mv.GemvMma(_Loaded(acc))
     assert isinstance(fam.member(16, 128), mv.GemvMmaSK) and isinstance(fam.member(5120, 6144), mv.GemvMmaSK)
     tool = _cuobjdump()

@@ -4,8 +4,9 @@
   gdn_conv         causal depthwise conv1d (kernel 4) update + SiLU with the conv-state shift
   gdn_step         gates + q/k l2norm + gated delta-rule step on the fp32 state + gated RMSNorm
   gdn_conv_step*   both in one launch, dv split over a cluster of `splits` CTAs per head
-                   (gdn_conv_step: splits 4; _s1, _s2, _s8 the alternatives for benchmarks;
-                   _v1: the first fused kernel, GdnConvStepRows, kept for A/B)
+                   (gdn_conv_step: splits 1; _s4, _s2, _s8 the alternatives for benchmarks;
+                   _v1: the first fused kernel, GdnConvStepRows, kept for A/B; _sums: x and z the
+                   fp32 sums of an accumulating GEMV, zeroed once read)
 
 Device layouts (docs/kernels-gdn.md): conv state [slots, K-1, conv_dim] bf16 tap-major (oldest
 first), conv weight [K, conv_dim] bf16 tap-major, recurrent state [slots, Hv, dk, dv] fp32;
@@ -39,15 +40,18 @@ HEAD_DIM = 128  # dk = dv for every Qwen3.5 GDN layer
 STEP_WARPS = 8
 
 
-def _conv_step(name: str, splits: int, threads: int, cls: str = "GdnConvStep") -> Variant:
-    """The fused conv + step kernel with dv split over `splits` CTAs (one cluster) per head."""
+def _conv_step(name: str, splits: int, threads: int, cls: str = "GdnConvStep", sums: bool = False) -> Variant:
+    """The fused conv + step kernel with dv split over `splits` CTAs (one cluster) per head; `sums`: x and z
+    fp32 (an accumulating GEMV's sums), zeroed once read."""
+    io = "f32" if sums else "bf16"
     return Variant(
         name=name, op="gdn_conv_step", source="cute_kernels.gdn_step", cls=cls,
-        config=dict(splits=splits, threads=threads, head_k=HEAD_DIM, head_v=HEAD_DIM, width=CONV_WIDTH),
-        args=(Tensor("x", "bf16", ("B", "C"), ("x_stride", 1)),
+        config=dict(splits=splits, threads=threads, head_k=HEAD_DIM, head_v=HEAD_DIM, width=CONV_WIDTH,
+                    **({"sums": True} if sums else {})),
+        args=(Tensor("x", io, ("B", "C"), ("x_stride", 1)),
               Tensor("conv_state", "bf16", ("NS", CONV_WIDTH - 1, "C"), ("st_slot_stride", "st_tap_stride", 1)),
               Tensor("conv_w", "bf16", (CONV_WIDTH, "C"), ("w_stride", 1)),
-              Tensor("z", "bf16", ("B", "Z"), ("z_stride", 1)),
+              Tensor("z", io, ("B", "Z"), ("z_stride", 1)),
               Tensor("a", "bf16", ("B", "Hv"), ("a_stride", 1), align=2),
               Tensor("b", "bf16", ("B", "Hv"), ("b_stride", 1), align=2),
               Tensor("a_log", "f32", ("Hv",), (1,), align=4),
@@ -62,7 +66,8 @@ def _conv_step(name: str, splits: int, threads: int, cls: str = "GdnConvStep") -
         divisibility={"C": 8, "Z": 8, "x_stride": 8, "st_slot_stride": 8, "st_tap_stride": 8, "w_stride": 8,
                       "z_stride": 8, "out_stride": 8},
         pdl=True,
-        summary=f"GDN decode conv1d + SiLU + step + gated RMSNorm in one launch, dv over {splits} CTA(s) per head",
+        summary=f"GDN decode conv1d + SiLU + step + gated RMSNorm in one launch, dv over {splits} CTA(s) per head"
+                + (", x and z the fp32 sums of the input GEMV (zeroed once read)" if sums else ""),
     )
 
 
@@ -99,6 +104,7 @@ GDN_VARIANTS: tuple[Variant, ...] = (
         summary="GDN decode step: gates + q/k l2norm + delta rule on the fp32 state + gated RMSNorm",
     ),
     _conv_step("gdn_conv_step", 1, 288),  # fastest on the H200 at batch 1 (3.4 us per 27B layer, 2026-11-29)
+    _conv_step("gdn_conv_step_sums", 1, 288, sums=True),  # after an accumulating q|k|v|z GEMV (layers.py)
     _conv_step("gdn_conv_step_s4", 4, 160),
     _conv_step("gdn_conv_step_s2", 2, 288),
     _conv_step("gdn_conv_step_s8", 8, 96),
@@ -244,7 +250,7 @@ class GdnConvStep(_GdnLauncher):
                  z_stride: int | None = None, a_stride: int | None = None, b_stride: int | None = None,
                  out_stride: int | None = None, stream: Any = None) -> None:
         """x [batch, 2*Hk*dk + Hv*dv] bf16 (the raw conv input q|k|v); conv_state [n_slots, K-1, C] bf16;
-        conv_w [K, C] bf16; z, out [batch, Hv*dv] bf16; a, b [batch, Hv] bf16; a_log, dt_bias [Hv] fp32;
+        conv_w [K, C] bf16; z, out [batch, Hv*dv] bf16 (`gdn_conv_step_sums`: x and z fp32, zeroed by the call); a, b [batch, Hv] bf16; a_log, dt_bias [Hv] fp32;
         norm_w [dv] bf16; state [n_slots, Hv, dk, dv] fp32; slots [batch] int32 (distinct, in
         [0, n_slots)); sync: int32 [>= batch * k_heads], zero before the first call (the kernel leaves
         it zero). Strides are row strides in elements."""
@@ -258,16 +264,17 @@ class GdnConvStep(_GdnLauncher):
         if batch > 65535:
             raise LaunchError(f"kernel {self.name}: batch = {batch} exceeds 65535; split the call")
         c, zw = 2 * hk * dk + hv * dv, hv * dv
+        io = F32 if self.config.get("sums") else BF16  # x and z: fp32 sums (zeroed by the call) or bf16
         xs = self._stride(x_stride, c, c, "x_stride", "x_stride")
         zs = self._stride(z_stride, zw, zw, "z_stride", "z_stride")
         os_ = self._stride(out_stride, zw, zw, "out_stride", "out_stride")
         as_ = self._stride(a_stride, hv, hv, "a_stride", "a_stride")
         bs = self._stride(b_stride, hv, hv, "b_stride", "b_stride")
         ptrs = {
-            "x": _buf(x, "x", self.name, ((batch - 1) * xs + c) * BF16),
+            "x": _buf(x, "x", self.name, ((batch - 1) * xs + c) * io),
             "conv_state": _buf(conv_state, "conv_state", self.name, n_slots * (width - 1) * c * BF16),
             "conv_w": _buf(conv_w, "conv_w", self.name, width * c * BF16),
-            "z": _buf(z, "z", self.name, ((batch - 1) * zs + zw) * BF16),
+            "z": _buf(z, "z", self.name, ((batch - 1) * zs + zw) * io),
             "a": _buf(a, "a", self.name, ((batch - 1) * as_ + hv) * BF16, align=2),
             "b": _buf(b, "b", self.name, ((batch - 1) * bs + hv) * BF16, align=2),
             "a_log": _buf(a_log, "a_log", self.name, hv * F32, align=4),

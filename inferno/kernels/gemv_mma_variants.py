@@ -106,8 +106,8 @@ def variant_name(fmt: str, epilogue: str = "plain", cols: int = 1, norm: bool = 
     t = next((c for c in COLS if c >= cols), None)
     if t is None or cols < 1:
         raise LaunchError(f"GEMV takes 1..{COLS[-1]} columns, got {cols}; split the batch")
-    if norm and (t != 1 or epilogue in ("residual", ACCUMULATE) or FORMATS[fmt][1] == 8):
-        raise LaunchError("the GEMV with the RMSNorm folded in is Q4-Q6, T = 1, plain or swiglu")
+    if norm and (t != 1 or epilogue == "residual" or FORMATS[fmt][1] == 8):
+        raise LaunchError("the GEMV with the RMSNorm folded in is Q4-Q6, T = 1, plain, swiglu or accumulate")
     if (epilogue == ACCUMULATE or add) and (t != 1 or FORMATS[fmt][1] == 8):
         raise LaunchError("the accumulating GEMV and the one adding its sums are Q4-Q6, T = 1")
     if add and not norm:
@@ -284,11 +284,15 @@ def t1_fast_members(fmt: str, epilogue: str, norm: bool = False) -> list[Variant
 
 
 def deferred_members(fmt: str) -> list[Variant]:
-    """The deferred-residual pair of a Q4-Q6 format (none for W8): the accumulating GEMV and the `_na` plain /
-    swiglu GEMVs whose staging adds its sums (stream-K members only)."""
+    """The deferred-epilogue members of a Q4-Q6 format (none for W8), stream-K only: the accumulating GEMV (a
+    residual left to its readers), the `_na` plain / swiglu GEMVs whose staging adds such sums, and the
+    accumulating GEMV with the RMSNorm folded (`_acc_n`) or the sums added too (`_acc_na`: the GDN input
+    projection, whose sums the conv + step kernel reads)."""
     if FORMATS[fmt][1] == 8:
         return []
-    return [make_sk_variant(fmt, ACCUMULATE)] + [make_sk_variant(fmt, e, norm=True, add=True) for e in ("plain", "swiglu")]
+    return ([make_sk_variant(fmt, ACCUMULATE)]
+            + [make_sk_variant(fmt, e, norm=True, add=True) for e in ("plain", "swiglu")]
+            + [make_sk_variant(fmt, ACCUMULATE, norm=True, add=add) for add in (False, True)])
 
 
 GEMV_MMA_VARIANTS: tuple[Variant, ...] = tuple(

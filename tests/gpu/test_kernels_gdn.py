@@ -45,7 +45,7 @@ def kernels(device):
         yield GdnConv.for_device(device), GdnStep.for_device(device)
 
 
-FUSED = [v.name for v in GDN_VARIANTS if v.op == "gdn_conv_step"]
+FUSED = [v.name for v in GDN_VARIANTS if v.op == "gdn_conv_step" and not v.config.get("sums")]
 
 
 @pytest.fixture(scope="module", params=FUSED)
@@ -377,6 +377,56 @@ def test_conv_step(device, fused, bufs, rng, hk, hv, slots):
             fails.append(f"slot {s} is not in the batch but its state changed")
     assert conv_guard and st_guard, "a state guard tail was written"
     assert not fails, "; ".join(fails)
+
+
+@pytest.mark.parametrize("hk,hv", MODELS)
+def test_conv_step_sums_equals_bf16_inputs(device, bufs, rng, hk, hv):
+    """gdn_conv_step_sums on fp32 x and z (an accumulating GEMV's sums) is gdn_conv_step on their bf16
+    roundings, bit for bit (out, conv window, state), token after token; it leaves the sums zero (guards
+    intact), so the next layer's GEMV adds into zeros."""
+    from inferno.kernels import cache, registry
+
+    nb, c, zw, eps, slot = 1, 2 * hk * D + hv * D, hv * D, 1e-6, 3
+    with pytest.MonkeyPatch.context() as mp:
+        if "gdn_conv_step_sums" not in {v.name for v in registry.VARIANTS}:
+            extra = {v.name: v for v in GDN_VARIANTS}
+            mp.setattr(cache, "get", lambda name: extra.get(name) or registry.get(name))
+        plain, sums = GdnConvStep.for_device(device), GdnConvStep.for_device(device, "gdn_conv_step_sums")
+    a_log, dt_bias = _gates(rng, hv)
+    w = (1 + 0.2 * rng.standard_normal(D, np.float32)).astype(bf16)
+    conv_w = (0.5 * rng.standard_normal((4, c), np.float32)).astype(bf16)
+    conv_st = rng.standard_normal((N_SLOTS, 3, c), np.float32).astype(bf16)
+    state = 0.1 * rng.standard_normal((N_SLOTS, hv, D, D), np.float32)
+    shared = [bufs.up(conv_w, "conv_w")]
+    tail = [bufs.up(a_log, "a_log"), bufs.up(dt_bias, "dt_bias"), bufs.up(w, "norm_w")]
+    runs = {}
+    for name in ("plain", "sums"):
+        runs[name] = dict(conv=bufs.up(conv_st, f"conv_state {name}"), state=bufs.up(state, f"state {name}"),
+                          sync=bufs.up(np.zeros(hk, np.int32), f"sync {name}"), out=bufs.poisoned(zw * 2, f"out {name}"))
+    dslots = bufs.up(np.array([slot], np.int32), "slots")
+    for t in range(3):
+        x = (rng.standard_normal(c) * 2).astype(np.float32)
+        z = (rng.standard_normal(zw) * 2).astype(np.float32)
+        ab = rng.standard_normal(2 * hv, np.float32).astype(bf16)
+        dab = bufs.up(ab, "ab")
+        da, db = dab.view(0, hv * 2, "a"), dab.view(hv * 2, dab.nbytes - hv * 2, "b")
+        dx16, dz16 = bufs.up(x.astype(bf16), "x bf16"), bufs.up(z.astype(bf16), "z bf16")
+        dx32, dz32 = bufs.up(x, "x sums"), bufs.up(z, "z sums")
+        for name, k, dx, dz in (("plain", plain, dx16, dz16), ("sums", sums, dx32, dz32)):
+            r = runs[name]
+            k(dx, r["conv"], shared[0], dz, da, db, *tail, r["state"], dslots, r["sync"], r["out"], nb, hk, hv,
+              N_SLOTS, eps)
+        device.synchronize()
+        for what, dtype, shape in (("out", np.uint16, (zw,)), ("conv", np.uint16, conv_st.shape),
+                                   ("state", np.uint32, state.shape)):
+            got, g1 = Bufs.read(runs["sums"][what], dtype, shape)
+            want, g2 = Bufs.read(runs["plain"][what], dtype, shape)
+            assert g1 and g2, f"token {t}: {what} guard tail written"
+            diff = np.flatnonzero(got != want)
+            assert diff.size == 0, f"hk{hk} hv{hv} token {t}: {what} differs at {diff.size} places, first {diff[:4]}"
+        for what, buf, n in (("x", dx32, c), ("z", dz32, zw)):
+            left, guard = Bufs.read(buf, np.float32, (n,))
+            assert guard and not np.any(left), f"token {t}: {np.count_nonzero(left)} {what} sums not zeroed"
 
 
 def test_conv_step_graph_replays(device, bufs, rng):

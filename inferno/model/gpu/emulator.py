@@ -20,7 +20,8 @@ from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.kernels.qlayout import dequant_rows
 from inferno.kernels.gemv_mma_variants import ACCUMULATE
-from inferno.model.gpu.ops import AttnGeometry, defers_residual_shape, fold_norms, folds_norm_shape
+from inferno.model.gpu.ops import (AttnGeometry, accumulates_gdn_inputs_shape, defers_residual_shape, fold_norms,
+                                   folds_norm_shape)
 from inferno.model.gpu.residency import ALIGN, align_up
 from inferno.model.reference.norms import rms_norm, sigmoid, silu, softplus
 from inferno.model.reference.rope import apply_rope
@@ -186,22 +187,30 @@ class EmulatedOps:
         self.launches += 1
         self._put(y, self._get(w, bfloat16, n * k).reshape(n, k) @ self._x(x, k, norm, sums=sums))
 
+    def accumulates_gdn_inputs(self, fmt, tiled, k) -> bool:
+        """As on the GPU (the accumulating `_n` / `_na` GEMVs and gdn_conv_step_sums, the norm folded)."""
+        return self.fold_norms and accumulates_gdn_inputs_shape(fmt, tiled, k)
+
     def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
-                      k_heads, v_heads, n_slots, eps) -> None:
+                      k_heads, v_heads, n_slots, eps, sums=False) -> None:
         self.launches += 1
         av, bv = self._get(a, bfloat16, v_heads), self._get(b, bfloat16, v_heads)
         slot = int(self._get(slots, np.int32, 1)[0])
         assert 0 <= slot < n_slots
         channels = 2 * k_heads * 128 + v_heads * 128
         taps = conv_state.nbytes // (n_slots * channels * 2)
-        xv = self._get(x, bfloat16, channels)
+        zv = self._get(z, np.float32 if sums else bfloat16, v_heads * 128).astype(bfloat16).astype(np.float32)
+        xv = self._get(x, np.float32 if sums else bfloat16, channels).astype(bfloat16).astype(np.float32)
+        if sums:  # the kernel zeroes the sums it has read
+            self._put(x, np.zeros(channels, np.float32), np.float32)
+            self._put(z, np.zeros(v_heads * 128, np.float32), np.float32)
         st = self._get(conv_state, bfloat16, taps * channels, slot * taps * channels).reshape(taps, channels)
         w = self._get(conv_w, bfloat16, (taps + 1) * channels).reshape(taps + 1, channels)
         mixed = silu((w[:taps] * st).sum(axis=0) + w[taps] * xv)  # fp32, as the kernel keeps it
         self._put(conv_state, np.concatenate([st[1:], xv[None]]), offset=slot * taps * channels)
         size = v_heads * 128 * 128
         s = self._get(state, np.float32, size, slot * size).reshape(v_heads, 128, 128)
-        normed = _gdn_token(mixed, self._get(z, bfloat16, v_heads * 128), av, bv, self._get(a_log, np.float32, v_heads),
+        normed = _gdn_token(mixed, zv, av, bv, self._get(a_log, np.float32, v_heads),
                             self._get(dt_bias, np.float32, v_heads), self._get(norm_w, bfloat16, 128), s, k_heads,
                             v_heads, eps)
         self._put(state, s, np.float32, slot * size)

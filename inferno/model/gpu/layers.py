@@ -25,6 +25,8 @@ x_mid = bf16(x + s_i) itself: it writes x_mid (for down) and zeroes s_{i+1}, the
 down (layers 0 .. L-2, merged input projections) accumulates into d_i and layer i+1's input GEMV stages
 x = bf16(x_mid + d_i), writes x and zeroes d_{i+1} (its a|b GEMV on the side branch reads x_mid + d_i too).
 The sums of a chain cycle through 2 buffers (3 when its length is odd), so no launch zeroes what it reads.
+The GDN input GEMV (merged q|k|v|z) accumulates into ws['mix_sums'] too; gdn_conv_step reads those fp32 sums
+(rounded to bf16, as the GEMV's epilogue would) and zeroes them.
 
 then `normed = rmsnorm(x, final_norm)` and the head GEMV writes bf16 logits. The per-step inputs
 (token, position, GDN slot, length, page table) are read from the device `step` buffer, so the
@@ -69,6 +71,8 @@ class DecodeProgram:
         self.down_sums = self._chain([(self.w[f"text/layers/{i}/mlp/down"], self._input_kinds(i + 1))
                                       for i in range(n - 1)], 3)
         ops.zero(self.ws["res_sums"])  # each reader zeroes the next sums of its chain after this
+        self.gdn_sums = self._gdn_sums()
+        ops.zero(self.ws["mix_sums"])  # the conv + step kernel zeroes the sums it reads after this
 
 
     @property
@@ -158,7 +162,17 @@ class DecodeProgram:
         """The weights whose GEMV accumulates (a residual deferred to its readers)."""
         n, outs, downs = self.c.n_layers, self.out_sums is not None, self.down_sums is not None
         return frozenset([self._mixer_output_name(i) for i in range(n) if outs]
-                         + [f"text/layers/{i}/mlp/down" for i in range(n - 1) if downs])
+                         + [f"text/layers/{i}/mlp/down" for i in range(n - 1) if downs]
+                         + [f"text/layers/{i}/{MERGED_INPUTS['gdn'][0]}" for i in self.c.gdn_layers if self.gdn_sums])
+
+    def _gdn_sums(self) -> bool:
+        """Whether every GDN layer's merged q|k|v|z GEMV accumulates fp32 sums that gdn_conv_step reads (the
+        norm folded; `Ops.accumulates_gdn_inputs`)."""
+        c, stack = self.c, MERGED_INPUTS["gdn"][0]
+        names = [f"text/layers/{i}/{stack}" for i in c.gdn_layers]
+        return bool(names) and all(
+            n in self.w and self._reader(n, "plain") is not None
+            and self.ops.accumulates_gdn_inputs(self.w[n].fmt, self.w[n].tiled, c.hidden) for n in names)
 
     def layer_output(self, i: int) -> tuple[DeviceBuffer, DeviceBuffer | None]:
         """Where layer i's output x is after it ran: (ws['x'], None), or deferred (ws['x_mid'], d_i): x is then
@@ -210,7 +224,12 @@ class DecodeProgram:
                 qk = w[p + "gdn/query_key"]
                 ops.gemv(qk.fmt, "plain", qk.buf, x, mix.view(0, 2 * kw * BF16), 2 * kw, c.hidden, tiled=qk.tiled,
                          norm=norm)
-        if merged is not None:
+        e = FP32 if self.gdn_sums else BF16  # q|k|v|z: fp32 sums (accumulated, read and zeroed by conv + step)
+        if self.gdn_sums:
+            mix = ws["mix_sums"]
+            ops.gemv(merged.fmt, ACCUMULATE, merged.buf, x, mix.view(0, 2 * (kw + vw) * e), 2 * (kw + vw), c.hidden,
+                     tiled=merged.tiled, norm=norm, add=add)
+        elif merged is not None:
             ops.gemv(merged.fmt, "plain", merged.buf, x, mix.view(0, 2 * (kw + vw) * BF16), 2 * (kw + vw), c.hidden,
                      tiled=merged.tiled, norm=norm, add=add)
         else:
@@ -218,11 +237,11 @@ class DecodeProgram:
             ops.gemv(vz.fmt, "plain", vz.buf, x, mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden,
                      tiled=vz.tiled, norm=norm)
         ops.join()
-        ops.gdn_conv_step(mix.view(0, c.conv_dim * BF16), self.states.conv[i], w[p + "gdn/convolution"].buf,
-                          mix.view(c.conv_dim * BF16, vw * BF16), ws["ab"].view(0, hv * BF16),
+        ops.gdn_conv_step(mix.view(0, c.conv_dim * e), self.states.conv[i], w[p + "gdn/convolution"].buf,
+                          mix.view(c.conv_dim * e, vw * e), ws["ab"].view(0, hv * BF16),
                           ws["ab"].view(hv * BF16, hv * BF16), w[p + "gdn/a_log"].buf, w[p + "gdn/dt_bias"].buf,
                           w[p + "gdn/norm"].buf, self.states.recurrent[i], self.slots, ws["gdn_sync"],
-                          ws["mix_out"], c.gdn_k_heads, hv, self.n_slots, c.rms_eps)
+                          ws["mix_out"], c.gdn_k_heads, hv, self.n_slots, c.rms_eps, sums=self.gdn_sums)
 
     def _attention(self, i: int, p: str, x: DeviceBuffer, norm: Norm | None, add: Addend | None) -> None:
         """`add`: x is the last layer's x_mid and its down's sums (merged input projections only)."""

@@ -81,6 +81,17 @@ def defers_residual_shape(out_fmt: str, out_tiled: bool, out_k: int, readers: li
             and k <= M.NORM_KMAX and bool(readers) and all(reads(*r) for r in readers))
 
 
+def accumulates_gdn_inputs_shape(fmt: str, tiled: bool, k: int) -> bool:
+    """Whether the merged q|k|v|z GEMV (fmt, K = k, the RMSNorm folded) can leave fp32 sums to the conv + step
+    kernel: tensor-core Q4-Q6 (tile16-v1), K within NORM_KMAX; unless $INFERNO_DEFER=0."""
+    import os
+
+    from inferno.kernels import gemv_mma_variants as M
+
+    return (os.environ.get(DEFER_ENV, "1") != "0" and tiled and fmt in M.FORMATS and M.FORMATS[fmt][1] != 8
+            and k <= M.NORM_KMAX)
+
+
 def fold_norms() -> bool:
     """The A/B switch $INFERNO_FOLD_NORM (on unless 0), read when the operations are made."""
     import os
@@ -119,10 +130,14 @@ class Ops(Protocol):
     # K = k): gemv takes add=, linear_bf16 sums=
     def defers_residual(self, out_fmt: str, out_tiled: bool, out_k: int, readers: list[Reader],
                         k: int) -> bool: ...
+    # sums: x and z are fp32, the sums of an accumulating q|k|v|z GEMV, rounded to bf16 and zeroed by the call
     def gdn_conv_step(self, x: DeviceBuffer, conv_state: DeviceBuffer, conv_w: DeviceBuffer, z: DeviceBuffer,
                       a: DeviceBuffer, b: DeviceBuffer, a_log: DeviceBuffer, dt_bias: DeviceBuffer,
                       norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer, sync: DeviceBuffer,
-                      out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, eps: float) -> None: ...
+                      out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, eps: float,
+                      sums: bool = False) -> None: ...
+    # whether the GDN input GEMV (fmt, K = k, the RMSNorm folded) may accumulate for gdn_conv_step(sums=True)
+    def accumulates_gdn_inputs(self, fmt: str, tiled: bool, k: int) -> bool: ...
     # attention: q_proj and gate bf16 [n_heads * head_dim] (head h at h * head_dim, as the projections
     # write them), k and v [n_kv_heads * head_dim]; q is the fp32 [n_heads, head_dim] scratch prep fills
     # q/k norm + RoPE, k and v appended to the paged cache, split-K decode into part_o / part_lse (q: the
@@ -180,6 +195,7 @@ class CudaOps:
         self._gemv_bf16 = GemvBf16(load(get(bf16_gemv_name(1)), dev))
         self._gemv: dict[str, Any] = {}
         self._argmax: Any = None  # loaded on first greedy use (optional)
+        self._gdn_conv_step_sums: Any = None  # loaded when the GDN input GEMV accumulates (optional)
         self._sampler: Any = None  # loaded on first device-sampled token (optional)
         if config.gdn_layers:
             try:
@@ -398,10 +414,33 @@ class CudaOps:
             return False
         return True
 
+    def accumulates_gdn_inputs(self, fmt, tiled, k) -> bool:
+        """As `accumulates_gdn_inputs_shape`, with the norm folded and the kernels built for this device."""
+        if not (self.fold_norms and accumulates_gdn_inputs_shape(fmt, tiled, k)):
+            return False
+        try:
+            for add in (False, True):
+                self._gemv_launcher(fmt, ACCUMULATE, tiled, True, add)
+            self._gdn_conv_step_launcher(True)
+        except InfernoError:
+            return False
+        return True
+
+    def _gdn_conv_step_launcher(self, sums: bool) -> Any:
+        """The conv + step kernel reading bf16 inputs, or (`sums`) fp32 sums (loaded on first use)."""
+        if not sums:
+            return self._gdn_conv_step
+        if self._gdn_conv_step_sums is None:
+            from inferno.kernels.cache import load
+            from inferno.kernels.gdn_variants import GdnConvStep
+
+            self._gdn_conv_step_sums = GdnConvStep(load("gdn_conv_step_sums", self.device))
+        return self._gdn_conv_step_sums
+
     def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
-                      k_heads, v_heads, n_slots, eps) -> None:
-        self._gdn_conv_step(x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out, 1,
-                            k_heads, v_heads, n_slots, eps, stream=self.stream)
+                      k_heads, v_heads, n_slots, eps, sums=False) -> None:
+        self._gdn_conv_step_launcher(sums)(x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots,
+                                           sync, out, 1, k_heads, v_heads, n_slots, eps, stream=self.stream)
 
     def attention(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse, gate,
                   out, g) -> None:

@@ -43,9 +43,10 @@ from inferno.model.config import ModelConfig
 
 BF16, F32, I32 = 2, 4, 4
 BLOCKING = frozenset({"upload", "download", "synchronize", "close"})  # host waits for the stream
-UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "defers_residual", "marker"})
-# not device work (side / join: stream fork and join; folds_norm, defers_residual: questions about the kernels;
-# marker: a wait point)
+UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "defers_residual",
+                     "accumulates_gdn_inputs", "marker"})
+# not device work (side / join: stream fork and join; folds_norm, defers_residual, accumulates_gdn_inputs:
+# questions about the kernels; marker: a wait point)
 HOST_COPIES = frozenset({"write", "read"})  # queued, timed, but never behind a held stream
 OPS_ATTRS = ("ops", "pops")  # where the executor and its programs hold device operations (Ops, PrefillOps)
 
@@ -327,7 +328,7 @@ class RecordingOps:
         return k * BF16
 
     def _w_gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
-                         k_heads, v_heads, n_slots, eps):
+                         k_heads, v_heads, n_slots, eps, sums=False):
         c = self.c
         dk, dv = c.gdn_k_dim, c.gdn_v_dim
         channels = 2 * k_heads * dk + v_heads * dv
@@ -335,8 +336,10 @@ class RecordingOps:
         rec = 2 * v_heads * dk * dv * STATE_DTYPES[self.dtypes.recurrent]  # read + written
         weights = c.conv_kernel * channels * BF16 + 2 * v_heads * F32 + dv * BF16  # conv, a_log, dt_bias, norm
         act = (channels + 2 * v_heads * dv + 2 * v_heads) * BF16  # x (q k v), z, out, a b
+        if sums:  # x and z fp32 sums, read and zeroed
+            act += (channels + v_heads * dv) * (2 * F32 - BF16)
         fixed = window + rec + weights
-        return "gdn_conv_step", Work(I32 + act + fixed, 2 * c.conv_kernel * channels + 7 * v_heads * dk * dv,
+        return "gdn_conv_step" + ("_sums" if sums else ""), Work(I32 + act + fixed, 2 * c.conv_kernel * channels + 7 * v_heads * dk * dv,
                                      fixed=fixed)
 
     def _w_attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g):
@@ -479,7 +482,7 @@ def record(executor: Any, run: Callable[[], Any]) -> RecordingOps:
 # ---- device spans of the executor's normal run (graph replay) ----------------------------------------
 HOST_WAITS = frozenset({"synchronize", "download"})  # the host waits for the stream: the open span ends
 SPAN_PASS = frozenset({"alloc", "upload", "preload_gemv", "close", "side", "join", "folds_norm",
-                       "defers_residual"})  # not queued stream work
+                       "defers_residual", "accumulates_gdn_inputs"})  # not queued stream work
 
 
 class SpanClock:
