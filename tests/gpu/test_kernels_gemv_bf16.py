@@ -174,6 +174,14 @@ def _assert_bit_exact(got: np.ndarray, want: np.ndarray, size: np.ndarray, where
         + ", ".join(f"row {i}: got {got[i]}, want {want[i]}" for i in off[:4]))
 
 
+def _assert_selected(y: np.ndarray, xn: np.ndarray, a: np.ndarray, b: np.ndarray, where: str) -> None:
+    """y of `_selection_rows` (a, b) read xn back: xn[a], or the bf16 of xn[a] - xn[b] (b >= 0)."""
+    pair = b >= 0
+    want = xn[a].copy()
+    want[pair] = (xn[a[pair]] - xn[b[pair]]).astype(bf16).astype(np.float32)
+    _assert_bit_exact(y, want, np.maximum(np.abs(xn[a]), np.where(pair, np.abs(xn[b]), 0.0)), where)
+
+
 @pytest.mark.parametrize("k", NORM_K)
 def test_norm_rounds_xn_as_rmsnorm(device, rng, k):
     """Selection rows of W read xn back bit for bit: it equals the numpy reference and the output
@@ -183,12 +191,8 @@ def test_norm_rounds_xn_as_rmsnorm(device, rng, k):
     x, nw = _norm_inputs(rng, k)
     w, a, b = _selection_rows(rng, k)
     y = run_norm(device, w, x, nw)
-    xn = normed_ref(x, nw, EPS)[0]
+    _assert_selected(y, normed_ref(x, nw, EPS)[0], a, b, f"gemv_bf16_t1_n k={k} vs the numpy reference")
     pair = b >= 0
-    want = xn[a].copy()
-    want[pair] = (xn[a[pair]] - xn[b[pair]]).astype(bf16).astype(np.float32)
-    size = np.maximum(np.abs(xn[a]), np.where(pair, np.abs(xn[b]), 0.0))
-    _assert_bit_exact(y, want, size, f"gemv_bf16_t1_n k={k} vs the numpy reference")
 
     norm = RMSNorm.for_width(k, device)
     dx, dn, dy = to_device(None, x, "x"), to_device(None, nw, "nw"), device_alloc(k * 2, "normed")
@@ -217,12 +221,7 @@ def test_norm_add_reads_x_plus_sums(device, rng, k):
     assert err <= 2.0 ** -8 * 1.05, f"gemv_bf16_t1_na k={k}: rel err {err:.2e}; {_describe(y[None], want)}"
     w, a, b = _selection_rows(rng, k)
     y = run_norm(device, w, x, nw, s=s)
-    xn = normed_ref(xs, nw, EPS)[0]
-    pair = b >= 0
-    want = xn[a].copy()
-    want[pair] = (xn[a[pair]] - xn[b[pair]]).astype(bf16).astype(np.float32)
-    size = np.maximum(np.abs(xn[a]), np.where(pair, np.abs(xn[b]), 0.0))
-    _assert_bit_exact(y, want, size, f"gemv_bf16_t1_na k={k} vs the numpy reference")
+    _assert_selected(y, normed_ref(xs, nw, EPS)[0], a, b, f"gemv_bf16_t1_na k={k} vs the numpy reference")
 
 
 @pytest.mark.parametrize("graph", [False, True])
