@@ -154,7 +154,6 @@ class GemvMmaSK(GemvMma):
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
                  probe: str = ""):
         self.accumulate = epilogue == "accumulate"  # y fp32 [1, M] += W x: the sums go there, no ws, no flush
-        self.windowed = False  # a subclass's `_window` gives each CTA a rectangle of (unit, pair) blocks
         super().__init__(bits, group, cols, "plain" if self.accumulate else epilogue, warps=warps, kw=1, tiles=1,
                          stages=stages, ctas=ctas, xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
@@ -194,18 +193,14 @@ class GemvMmaSK(GemvMma):
         lane = tidx % 32
         warp = tidx // 32
         m = cute.size(mY, mode=[1])
-        k = self._kdim(mX)
+        k = cute.size(mX, mode=[1])
         n_w, n_tiles, n_units, ngr, npairs = self.geometry(m, k)
         high, scale = self._planes(n_tiles, ngr)
-        if cutlass.const_expr(self.windowed):
-            b0, b1, window = self._window(n_units, npairs)
-        else:  # an equal share of every (unit, pair) block of the grid's warps, in unit-major order
-            nblk = n_units * npairs
-            nwarps = nctas * self.warps
-            wg = bidx * self.warps + warp
-            b0 = cutlass.Int32(cutlass.Int64(wg) * nblk // nwarps)
-            b1 = cutlass.Int32(cutlass.Int64(wg + 1) * nblk // nwarps)
-            window = (0, 0, npairs)
+        nblk = n_units * npairs
+        nwarps = nctas * self.warps
+        wg = bidx * self.warps + warp
+        b0 = cutlass.Int32(cutlass.Int64(wg) * nblk // nwarps)
+        b1 = cutlass.Int32(cutlass.Int64(wg + 1) * nblk // nwarps)
 
         xsd = self.xs_smem(smem, mX, mN, eps, add)
         ring0 = cutlass.Int32(0)
@@ -220,7 +215,7 @@ class GemvMmaSK(GemvMma):
             cnt = mWs.iterator.toint()
             part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
-               self._out_scale(mW, n_tiles, ngr), window)
+               self._out_scale(mW, n_tiles, ngr))
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
@@ -228,10 +223,6 @@ class GemvMmaSK(GemvMma):
                 self._run(geo, (0, 1, 2), xsd, mR, mY, b0, b1)
         else:
             self._run(geo, (0,), xsd, mR, mY, b0, b1)
-
-    def _kdim(self, mX: cute.Tensor):
-        """K of the GEMV (x [T, K])."""
-        return cute.size(mX, mode=[1])
 
     def _tiles(self, u, m, n_tiles):
         return unit_tiles(self.epilogue, u, m, n_tiles)
@@ -241,10 +232,6 @@ class GemvMmaSK(GemvMma):
         """Stream blocks b0 .. b1 - 1 (unit b // pairs, pair b % pairs) through `stages` register stages
         (cpa: a ring of shared-memory stages, filled by cp.async); flush at every unit end and at b1."""
         w_ptr, ngr, npairs, high, scale, lane, k, m, n_tiles = geo[:9]
-        u_lo, p_lo, p_hi = geo[14]
-        span = npairs
-        if cutlass.const_expr(self.windowed):
-            span = p_hi - p_lo
         S, nb = self.stages, len(sl)
         if cutlass.const_expr(self.cpa):
             S = self.ring_slots // nb
@@ -269,7 +256,8 @@ class GemvMmaSK(GemvMma):
             sb = cute.make_rmem_tensor((2, nb, 1), cutlass.Int32)
         bufs = (wb, hbuf, sb, sb)
         # load cursor (unit lu, pair lp) of block b0 + (loads issued)
-        lu, lp = self._cursor(b0, u_lo, p_lo, span)
+        lu = b0 // npairs
+        lp = b0 - lu * npairs
         lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, S)  # before the wait: the weights are static
         gv = None
         if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
@@ -292,7 +280,8 @@ class GemvMmaSK(GemvMma):
         kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
         acc = cute.make_rmem_tensor((4, self.slots), cutlass.Float32)
         acc.fill(0.0)
-        u, p = self._cursor(b0, u_lo, p_lo, span)  # compute cursor
+        u = b0 // npairs  # compute cursor
+        p = b0 - u * npairs
         seg = cutlass.Int32(0)
         held = cutlass.Int32(-1)  # a unit whose sums are in ws but whose count waits for the run's end
         held_seg = cutlass.Int32(0)
@@ -311,8 +300,8 @@ class GemvMmaSK(GemvMma):
                     if i < TRACE and i < n and lane == 0:
                         _st_u64(at + 8 * (7 + i), _now())
                 lp = lp + 1
-                if lp == p_hi:
-                    lp = cutlass.Int32(p_lo)
+                if lp == npairs:
+                    lp = cutlass.Int32(0)
                     lu = lu + 1
                 if i < n:
                     if cutlass.const_expr(self.probe == "nocompute"):
@@ -324,7 +313,7 @@ class GemvMmaSK(GemvMma):
                         self._compute(ops, kb, bufs, acc, sl, s, p, xsr)
                     seg = seg + 1
                     p = p + 1
-                    if p == p_hi or i == n - 1:
+                    if p == npairs or i == n - 1:
                         if cutlass.const_expr(tl):
                             if i == n - 1:
                                 t3 = _now()
@@ -338,8 +327,8 @@ class GemvMmaSK(GemvMma):
                             held_seg = seg
                         acc.fill(0.0)
                         seg = cutlass.Int32(0)
-                        if p == p_hi:
-                            p = cutlass.Int32(p_lo)
+                        if p == npairs:
+                            p = cutlass.Int32(0)
                             u = u + 1
         if cutlass.const_expr(tl):
             t4 = _now()
@@ -349,20 +338,9 @@ class GemvMmaSK(GemvMma):
                     _st_u64(at + 8 * e, t)
 
     @cute.jit
-    def _cursor(self, b, u_lo, p_lo, span):
-        """(unit, pair) of block b of the window (units u_lo .., pairs p_lo .. p_lo + span - 1, unit-major; the
-        whole grid unless `windowed`)."""
-        u = b // span
-        p = b - u * span
-        if cutlass.const_expr(self.windowed):
-            u = u + u_lo
-            p = p + p_lo
-        return u, p
-
-    @cute.jit
     def _prologue(self, geo, bufs, sl, lu, lp, n, S):
         """Issue the run's first S - 1 blocks into stages 0 .. S - 2; the load cursor after them."""
-        _, p_lo, p_hi = geo[14]
+        npairs = geo[2]
         for st in cutlass.range_constexpr(S - 1):
             if st < n:
                 if cutlass.const_expr(self.cpa):
@@ -372,8 +350,8 @@ class GemvMmaSK(GemvMma):
             if cutlass.const_expr(self.cpa):
                 cute.arch.cp_async_commit_group()
             lp = lp + 1
-            if lp == p_hi:
-                lp = cutlass.Int32(p_lo)
+            if lp == npairs:
+                lp = cutlass.Int32(0)
                 lu = lu + 1
         return lu, lp
 

@@ -283,43 +283,16 @@ def t1_fast_members(fmt: str, epilogue: str, norm: bool = False) -> list[Variant
             + [make_sk_variant(fmt, epilogue, norm=norm)])
 
 
-ACT_KSLICES = 12  # K slices of the act member's 2-D split (27B down: 136 pairs, ~11 a slice; 11 unit groups)
-
-
-def make_act_variant(fmt: str) -> Variant:
-    """`<family>_acc_act_sk`: y fp32 [1, M] += W act, act = bf16(silu(g) * up) from the fp32 gate | up sums
-    g [1, 2K] of an accumulating gate_up, staged per K slice (cute_kernels/gemv_mma_act.py); zeroes z fp32 [2K]."""
-    _, bits, group = FORMATS[fmt]
-    if bits == 8:
-        raise LaunchError("stream-K GEMV: Q4-Q6 at T = 1 only")
-    return Variant(
-        name=f"{variant_name(fmt, ACCUMULATE)}_act_sk", op="gemv_mma", source="cute_kernels.gemv_mma_act",
-        cls="GemvMmaSKAct",
-        config=dict(bits=bits, group=group, cols=1, epilogue=ACCUMULATE, warps=SK_WARPS,
-                    stages=SK_STAGES[(FORMATS[fmt][0], False)], ctas=SK_CTAS, kmax=KMAX, sk=True, cpa=True,
-                    kslices=ACT_KSLICES, act=True),
-        archs=("sm_90a",),
-        args=(Tensor("w", "i32", ("WL",), (1,)), Tensor("g", "f32", ("T", "G"), ("g_stride", 1)),
-              Tensor("y", "f32", ("T", "M"), ("y_stride", 1)), Tensor("z", "f32", ("G",), (1,))),
-        grid=(f"SMS * {SK_CTAS}", "1", "1"),
-        divisibility={"G": 16, "g_stride": 16},
-        pdl=True,
-        summary=f"stream-K y += W silu(g) * up (g: gate_up's fp32 sums, a K slice per CTA), W {fmt} {LAYOUT}, "
-                "mma.sync bf16, fp32 accumulate, z zeroed",
-    )
-
-
 def deferred_members(fmt: str) -> list[Variant]:
     """The deferred-epilogue members of a Q4-Q6 format (none for W8), stream-K only: the accumulating GEMV (a
     residual left to its readers), the `_na` plain / swiglu GEMVs whose staging adds such sums, and the
     accumulating GEMV with the RMSNorm folded (`_acc_n`) or the sums added too (`_acc_na`: the GDN input
-    projection, whose sums the conv + step kernel reads; gate_up, whose sums `_acc_act` reads)."""
+    projection, whose sums the conv + step kernel reads)."""
     if FORMATS[fmt][1] == 8:
         return []
     return ([make_sk_variant(fmt, ACCUMULATE)]
             + [make_sk_variant(fmt, e, norm=True, add=True) for e in ("plain", "swiglu")]
-            + [make_sk_variant(fmt, ACCUMULATE, norm=True, add=add) for add in (False, True)]
-            + [make_act_variant(fmt)])
+            + [make_sk_variant(fmt, ACCUMULATE, norm=True, add=add) for add in (False, True)])
 
 
 GEMV_MMA_VARIANTS: tuple[Variant, ...] = tuple(
@@ -367,9 +340,9 @@ class GemvMma:
             (self.xs_by_kw if c.get("xs") else self.by_kw)[c["kw"]] = (lk, outs)
         c = loaded[0].manifest.config
         self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
-        self.norm, self.add, self.act = bool(c.get("norm")), bool(c.get("add")), bool(c.get("act"))
+        self.norm, self.add = bool(c.get("norm")), bool(c.get("add"))
         if any(lk.manifest.config.get(f) != c.get(f) for lk in loaded
-               for f in ("bits", "group", "cols", "epilogue", "norm", "add", "act")):
+               for f in ("bits", "group", "cols", "epilogue", "norm", "add")):
             raise LaunchError("GemvMma: the kernels are not members of one family")
         self.fmt = self._format(c)
         self.name = self._family_name()
@@ -380,7 +353,7 @@ class GemvMma:
         return next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (config["bits"], config["group"]))
 
     def _family_name(self) -> str:
-        return variant_name(self.fmt, self.epilogue, self.cols, self.norm, self.add) + ("_act" if self.act else "")
+        return variant_name(self.fmt, self.epilogue, self.cols, self.norm, self.add)
 
     def _weight_bytes(self, n: int, k: int) -> int:
         """Bytes of the weight image of [n, k]."""
@@ -417,13 +390,12 @@ class GemvMma:
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
-                 add: "Addend | None" = None, act_zero: DeviceBuffer | None = None, stream: Any = None) -> None:
+                 add: "Addend | None" = None, stream: Any = None) -> None:
         """W is [n, k] in tile16-v1 (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16
         (`accumulate`: y fp32 [n], added to); `norm` = (weight bf16 [k], eps) for a `_n` family: x is RMS-normed
-        while it is staged; `add` for a `_na` family (see Addend); `act_zero` for an `_act` family: x is gate_up's
-        fp32 sums [2k] (the GEMV reads silu(gate) * up), act_zero (fp32 [2k]) is zeroed."""
-        if self.sk is not None and not (self.xs_by_kw or self.by_kw):  # accumulate / _na / _act: stream-K only
-            self.sk(w, x, y, n, k, cols, r=r, norm=norm, add=add, act_zero=act_zero, stream=stream)
+        while it is staged; `add` for a `_na` family (see Addend)."""
+        if self.sk is not None and not (self.xs_by_kw or self.by_kw):  # accumulate / _na: stream-K only
+            self.sk(w, x, y, n, k, cols, r=r, norm=norm, add=add, stream=stream)
             return
         m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         pick = self.member(m, k)
@@ -453,7 +425,7 @@ class GemvMmaSK:
         self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
         self.fmt = self._format(c)
         self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
-        self.norm, self.add, self.act = bool(c.get("norm")), bool(c.get("add")), bool(c.get("act"))
+        self.norm, self.add = bool(c.get("norm")), bool(c.get("add"))
         self.accumulate = self.epilogue == ACCUMULATE
         self._ws: dict[tuple[int, int], DeviceBuffer] = {}
 
@@ -489,16 +461,11 @@ class GemvMmaSK:
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
-                 add: "Addend | None" = None, act_zero: DeviceBuffer | None = None, stream: Any = None) -> None:
+                 add: "Addend | None" = None, stream: Any = None) -> None:
         if k > self.kmax:
             raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
         if (add is not None) != self.add:
             raise LaunchError(f"kernel {self.name}: pass add= exactly for a `_na` family")
-        if (act_zero is not None) != self.act:
-            raise LaunchError(f"kernel {self.name}: pass act_zero= exactly for an `_act` family")
-        if self.act:
-            self._launch_act(w, x, y, n, k, cols, act_zero, stream)
-            return
         epilogue = "plain" if self.accumulate else self.epilogue
         m, args = gemv_args(self.name, self.cols, epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         if self.accumulate:  # y fp32: the sums go straight there, no workspace
@@ -513,19 +480,6 @@ class GemvMmaSK:
             args += [TensorArg(_buf(add.s, "s", self.name, k * 4), (k,)),
                      TensorArg(_buf(add.xo, "xo", self.name, k * 2), (k,)),
                      TensorArg(_buf(add.z, "z", self.name, k * 4), (k,))]
-        mf = self.loaded.manifest
-        launch(self.loaded.kernel, (self.grid(m, k), 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
-
-
-    def _launch_act(self, w: DeviceBuffer, g: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int,
-                    z: DeviceBuffer, stream: Any) -> None:
-        """An `_act` member: y fp32 [n] += W silu(g[:k]) * g[k:], g and z fp32 [2k]."""
-        m, args = gemv_args(self.name, self.cols, "plain", self._weight_bytes, w, g, y, n, k, cols, None)
-        if k % 16:
-            raise LaunchError(f"kernel {self.name}: k = {k} must be a multiple of 16 (gate | up in 64-byte pieces)")
-        args[1] = TensorArg(_buf(g, "g", self.name, 2 * k * 4), (1, 2 * k), (2 * k,))
-        args[2] = TensorArg(_buf(y, "y", self.name, m * 4), (1, m), (m,))
-        args.append(TensorArg(_buf(z, "z", self.name, 2 * k * 4), (2 * k,)))
         mf = self.loaded.manifest
         launch(self.loaded.kernel, (self.grid(m, k), 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
 
@@ -560,15 +514,14 @@ def family_members(name: str) -> list[str]:
         return [name]
     fast = [v.name for v in GEMV_MMA_VARIANTS if v.name.startswith(name + "_") and
             (v.config.get("xs") or v.config.get("sk")) and _family_of(v) == name]
-    regs = [] if name.endswith(("_n", "_na", "_acc", "_act")) else [f"{name}_k{kw}" for kw in KW]
+    regs = [] if name.endswith(("_n", "_na", "_acc")) else [f"{name}_k{kw}" for kw in KW]
     return regs + fast
 
 
 def _family_of(v: Variant) -> str:
     c = v.config
     fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (c["bits"], c["group"]))
-    return (variant_name(fmt, c["epilogue"], c["cols"], bool(c.get("norm")), bool(c.get("add")))
-            + ("_act" if c.get("act") else ""))
+    return variant_name(fmt, c["epilogue"], c["cols"], bool(c.get("norm")), bool(c.get("add")))
 
 
 def build(out_dir: str, archs: tuple[str, ...] = ("sm_90a",), names: tuple[str, ...] | None = None) -> None:

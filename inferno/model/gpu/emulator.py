@@ -20,8 +20,8 @@ from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.kernels.qlayout import dequant_rows
 from inferno.kernels.gemv_mma_variants import ACCUMULATE
-from inferno.model.gpu.ops import (AttnGeometry, accumulates_gdn_inputs_shape, defers_residual_shape,
-                                   defers_swiglu_shape, fold_norms, folds_norm_shape)
+from inferno.model.gpu.ops import (AttnGeometry, accumulates_gdn_inputs_shape, defers_residual_shape, fold_norms,
+                                   folds_norm_shape)
 from inferno.model.gpu.residency import ALIGN, align_up
 from inferno.model.reference.norms import rms_norm, sigmoid, silu, softplus
 from inferno.model.reference.rope import apply_rope
@@ -167,19 +167,10 @@ class EmulatedOps:
             return xv
         return rms_norm(xv, self._get(norm[0], bfloat16, k), norm[1]).astype(bfloat16).astype(np.float32)
 
-    def defers_swiglu(self, gu_fmt, gu_tiled, down_fmt, down_tiled, i, k) -> bool:
-        """As on the GPU (the accumulating `_na` gate_up and the `_act` down, the norm folded)."""
-        return self.fold_norms and defers_swiglu_shape(gu_fmt, gu_tiled, down_fmt, down_tiled, i, k)
-
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None, act_zero=None) -> None:
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None) -> None:
         self.launches += 1
         wm = self._weights(fmt, w, n, k, tiled)
-        if act_zero is not None:  # x: gate_up's fp32 sums; act as the swiglu epilogue rounds it
-            g = self._get(x, np.float32, 2 * k)
-            xv = (silu(g[:k]) * g[k:]).astype(bfloat16).astype(np.float32)
-            self._put(act_zero, np.zeros(2 * k, np.float32), np.float32)
-        else:
-            xv = self._x(x, k, norm, add)
+        xv = self._x(x, k, norm, add)
         if epilogue == "swiglu":
             m = n // 2
             out = silu(wm[:m] @ xv) * (wm[m:] @ xv)

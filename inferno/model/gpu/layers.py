@@ -26,8 +26,7 @@ down (layers 0 .. L-2, merged input projections) accumulates into d_i and layer 
 x = bf16(x_mid + d_i), writes x and zeroes d_{i+1} (its a|b GEMV on the side branch reads x_mid + d_i too).
 The sums of a chain cycle through 2 buffers (3 when its length is odd), so no launch zeroes what it reads.
 The GDN input GEMV (merged q|k|v|z) accumulates into ws['mix_sums'] too; gdn_conv_step reads those fp32 sums
-(rounded to bf16, as the GEMV's epilogue would) and zeroes them. And gate_up (layers 0 .. L-2) accumulates its
-gate | up sums into g_i; down (`_act`) stages act = silu(gate) * up of its K slice from them and zeroes g_{i+1}.
+(rounded to bf16, as the GEMV's epilogue would) and zeroes them.
 
 then `normed = rmsnorm(x, final_norm)` and the head GEMV writes bf16 logits. The per-step inputs
 (token, position, GDN slot, length, page table) are read from the device `step` buffer, so the
@@ -74,8 +73,6 @@ class DecodeProgram:
         ops.zero(self.ws["res_sums"])  # each reader zeroes the next sums of its chain after this
         self.gdn_sums = self._gdn_sums()
         ops.zero(self.ws["mix_sums"])  # the conv + step kernel zeroes the sums it reads after this
-        self.act_sums = self._act_sums()
-        ops.zero(self.ws["act_sums"])  # each down zeroes the next gate_up's sums after this
 
 
     @property
@@ -165,7 +162,6 @@ class DecodeProgram:
         """The weights whose GEMV accumulates (a residual deferred to its readers)."""
         n, outs, downs = self.c.n_layers, self.out_sums is not None, self.down_sums is not None
         return frozenset([self._mixer_output_name(i) for i in range(n) if outs]
-                         + [f"text/layers/{i}/mlp/gate_up" for i in range(n - 1) if self.act_sums is not None]
                          + [f"text/layers/{i}/mlp/down" for i in range(n - 1) if downs]
                          + [f"text/layers/{i}/{MERGED_INPUTS['gdn'][0]}" for i in self.c.gdn_layers if self.gdn_sums])
 
@@ -177,21 +173,6 @@ class DecodeProgram:
         return bool(names) and all(
             n in self.w and self._reader(n, "plain") is not None
             and self.ops.accumulates_gdn_inputs(self.w[n].fmt, self.w[n].tiled, c.hidden) for n in names)
-
-    def _act_sums(self) -> list[DeviceBuffer] | None:
-        """gate_up i's fp32 gate | up sums (views of ws['act_sums'], buffer i % 2, the last 2 when n - 1 is odd)
-        for layers 0 .. n-2 when both residual chains defer and every such gate_up / down pair can
-        (`Ops.defers_swiglu`), else None."""
-        c, n = self.c, self.c.n_layers
-        if self.out_sums is None or self.down_sums is None:
-            return None
-        for i in range(n - 1):
-            gu, down = self.w[f"text/layers/{i}/mlp/gate_up"], self.w[f"text/layers/{i}/mlp/down"]
-            if not self.ops.defers_swiglu(gu.fmt, gu.tiled, down.fmt, down.tiled, down.shape[1], c.hidden):
-                return None
-        size = 2 * c.intermediate * FP32
-        bufs = [self.ws["act_sums"].view(b * size, size) for b in range(3)]
-        return [bufs[2 if j == n - 2 and (n - 1) % 2 else j % 2] for j in range(n - 1)]
 
     def layer_output(self, i: int) -> tuple[DeviceBuffer, DeviceBuffer | None]:
         """Where layer i's output x is after it ran: (ws['x'], None), or deferred (ws['x_mid'], d_i): x is then
@@ -214,27 +195,18 @@ class DecodeProgram:
             x, norm = self._normed("x", p + "input_norm", self._input_readers(i))
             add = None
         (self._attention if mixer == "attention" else self._gdn)(i, p, x, norm, add)
-        gs = self.act_sums[i] if self.act_sums is not None and i < n - 1 else None  # gate_up's sums for down
         if self.out_sums is not None:  # gate_up stages x_mid = x + the output GEMV's sums
             s = self.out_sums[i]
             ops.gemv(out.fmt, ACCUMULATE, out.buf, ws["mix_out"], s, c.hidden, out.shape[1], tiled=out.tiled)
-            post = (w[p + "post_attention_norm"].buf, c.rms_eps)
-            add = Addend(s, ws["x_mid"], self.out_sums[(i + 1) % n])
-            if gs is not None:  # gate | up sums, down applies the SwiGLU
-                ops.gemv(gu.fmt, ACCUMULATE, gu.buf, ws["x"], gs, gu.shape[0], c.hidden, tiled=gu.tiled, norm=post,
-                         add=add)
-            else:
-                ops.gemv(gu.fmt, "swiglu", gu.buf, ws["x"], ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled,
-                         norm=post, add=add)
+            ops.gemv(gu.fmt, "swiglu", gu.buf, ws["x"], ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled,
+                     norm=(w[p + "post_attention_norm"].buf, c.rms_eps),
+                     add=Addend(s, ws["x_mid"], self.out_sums[(i + 1) % n]))
         else:
             ops.gemv(out.fmt, "residual", out.buf, ws["mix_out"], ws["x_mid"], c.hidden, out.shape[1], r=ws["x"],
                      tiled=out.tiled)
             x, norm = self._normed("x_mid", p + "post_attention_norm", [p + "mlp/gate_up"], "swiglu")
             ops.gemv(gu.fmt, "swiglu", gu.buf, x, ws["act"], gu.shape[0], c.hidden, tiled=gu.tiled, norm=norm)
-        if gs is not None:
-            ops.gemv(down.fmt, ACCUMULATE, down.buf, gs, ds[i], c.hidden, down.shape[1], tiled=down.tiled,
-                     act_zero=self.act_sums[(i + 1) % (n - 1)])
-        elif ds is not None and i < n - 1:
+        if ds is not None and i < n - 1:
             ops.gemv(down.fmt, ACCUMULATE, down.buf, ws["act"], ds[i], c.hidden, down.shape[1], tiled=down.tiled)
         else:
             ops.gemv(down.fmt, "residual", down.buf, ws["act"], ws["x"], c.hidden, down.shape[1], r=ws["x_mid"],

@@ -92,16 +92,6 @@ def accumulates_gdn_inputs_shape(fmt: str, tiled: bool, k: int) -> bool:
             and k <= M.NORM_KMAX)
 
 
-def defers_swiglu_shape(gu_fmt: str, gu_tiled: bool, down_fmt: str, down_tiled: bool, i: int, k: int) -> bool:
-    """Whether gate_up ([2i, k], the RMSNorm folded) can leave its fp32 gate | up sums to down ([k, i], the
-    `_act` member): both tensor-core Q4-Q6 (tile16-v1), k within NORM_KMAX, i within KMAX and a multiple of 16;
-    unless $INFERNO_DEFER=0."""
-    from inferno.kernels import gemv_mma_variants as M
-
-    return (accumulates_gdn_inputs_shape(gu_fmt, gu_tiled, k) and accumulates_gdn_inputs_shape(down_fmt, down_tiled, 8)
-            and i <= M.KMAX and i % 16 == 0)
-
-
 def fold_norms() -> bool:
     """The A/B switch $INFERNO_FOLD_NORM (on unless 0), read when the operations are made."""
     import os
@@ -129,10 +119,9 @@ class Ops(Protocol):
     def rmsnorm(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, eps: float) -> None: ...
     # tiled: w in tile16-v1; norm: x is RMS-normed first; epilogue "accumulate": y fp32 [n] += W x (sums left for
     # the next GEMV, whose `add` = Addend(s=y, xo, z) makes its x bf16(x + s), writes that to xo, zeroes z)
-    # act_zero (accumulate): x is gate_up's fp32 sums [2k], the GEMV reads bf16(silu(gate) * up), zeroes act_zero
     def gemv(self, fmt: str, epilogue: str, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
              r: DeviceBuffer | None = None, tiled: bool = False, norm: Norm | None = None,
-             add: Addend | None = None, act_zero: DeviceBuffer | None = None) -> None: ...
+             add: Addend | None = None) -> None: ...
     def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
                     norm: Norm | None = None,
                     sums: DeviceBuffer | None = None) -> None: ...  # sums (with norm): x is bf16(x + sums)
@@ -149,8 +138,6 @@ class Ops(Protocol):
                       sums: bool = False) -> None: ...
     # whether the GDN input GEMV (fmt, K = k, the RMSNorm folded) may accumulate for gdn_conv_step(sums=True)
     def accumulates_gdn_inputs(self, fmt: str, tiled: bool, k: int) -> bool: ...
-    # whether gate_up (gu_fmt [2i, k], norm folded, add=) may accumulate for down (down_fmt [k, i]) taking act_zero=
-    def defers_swiglu(self, gu_fmt: str, gu_tiled: bool, down_fmt: str, down_tiled: bool, i: int, k: int) -> bool: ...
     # attention: q_proj and gate bf16 [n_heads * head_dim] (head h at h * head_dim, as the projections
     # write them), k and v [n_kv_heads * head_dim]; q is the fp32 [n_heads, head_dim] scratch prep fills
     # q/k norm + RoPE, k and v appended to the paged cache, split-K decode into part_o / part_lse (q: the
@@ -232,7 +219,7 @@ class CudaOps:
             self._attn_combine = A.AttnCombine(load(A.COMBINE_EARLY, dev))
 
     def _gemv_launcher(self, fmt: str, epilogue: str, tiled: bool = False, norm: bool = False,
-                       add: bool = False, act: bool = False) -> Any:
+                       add: bool = False) -> Any:
         from inferno.kernels import gemv_nvfp4_variants as F
         from inferno.kernels.cache import load
         from inferno.kernels.gemv_variants import GemvQ, gemv_variant, variant_name
@@ -246,11 +233,11 @@ class CudaOps:
             from inferno.kernels import gemv_mma_variants as M
 
             if fmt == F.FORMAT:
-                if add or act or epilogue == ACCUMULATE:
+                if add or epilogue == ACCUMULATE:
                     raise LaunchError("no NVFP4 GEMV accumulates or adds a deferred residual")
                 cls, name = N.GemvMmaNvfp4, N.variant_name(epilogue, 1, norm)
             else:
-                cls, name = M.GemvMma, M.variant_name(fmt, epilogue, 1, norm, add) + ("_act" if act else "")
+                cls, name = M.GemvMma, M.variant_name(fmt, epilogue, 1, norm, add)
             g = self._gemv.get(name)
             if g is None:
                 g = self._gemv[name] = cls.load(name, self.device)
@@ -387,11 +374,9 @@ class CudaOps:
     def rmsnorm(self, x, w, y, n, eps) -> None:
         self._rmsnorm(x, w, y, 1, n, eps, stream=self.stream)
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None, act_zero=None) -> None:
-        g = self._gemv_launcher(fmt, epilogue, tiled, norm is not None, add is not None, act_zero is not None)
-        if act_zero is not None:
-            g(w, x, y, n, k, 1, act_zero=act_zero, stream=self.stream)
-        elif add is not None:
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None) -> None:
+        g = self._gemv_launcher(fmt, epilogue, tiled, norm is not None, add is not None)
+        if add is not None:
             g(w, x, y, n, k, 1, r=r, norm=norm, add=add, stream=self.stream)
         elif norm is None:
             g(w, x, y, n, k, 1, r=r, stream=self.stream)
@@ -437,17 +422,6 @@ class CudaOps:
             for add in (False, True):
                 self._gemv_launcher(fmt, ACCUMULATE, tiled, True, add)
             self._gdn_conv_step_launcher(True)
-        except InfernoError:
-            return False
-        return True
-
-    def defers_swiglu(self, gu_fmt, gu_tiled, down_fmt, down_tiled, i, k) -> bool:
-        """As `defers_swiglu_shape`, with the norm folded and both kernel families built for this device."""
-        if not (self.fold_norms and defers_swiglu_shape(gu_fmt, gu_tiled, down_fmt, down_tiled, i, k)):
-            return False
-        try:
-            self._gemv_launcher(gu_fmt, ACCUMULATE, gu_tiled, True, True)
-            self._gemv_launcher(down_fmt, ACCUMULATE, down_tiled, act=True)
         except InfernoError:
             return False
         return True

@@ -44,9 +44,9 @@ from inferno.model.config import ModelConfig
 BF16, F32, I32 = 2, 4, 4
 BLOCKING = frozenset({"upload", "download", "synchronize", "close"})  # host waits for the stream
 UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "defers_residual",
-                     "accumulates_gdn_inputs", "defers_swiglu", "marker"})
-# not device work (side / join: stream fork and join; folds_norm, defers_residual, accumulates_gdn_inputs,
-# defers_swiglu: questions about the kernels; marker: a wait point)
+                     "accumulates_gdn_inputs", "marker"})
+# not device work (side / join: stream fork and join; folds_norm, defers_residual, accumulates_gdn_inputs:
+# questions about the kernels; marker: a wait point)
 HOST_COPIES = frozenset({"write", "read"})  # queued, timed, but never behind a held stream
 OPS_ATTRS = ("ops", "pops")  # where the executor and its programs hold device operations (Ops, PrefillOps)
 
@@ -289,7 +289,7 @@ class RecordingOps:
     def _w_rmsnorm(self, x, w, y, n, eps):
         return f"rmsnorm {role(w)}", Work(3 * n * BF16, fixed=self._norm_bytes((w, eps), n))
 
-    def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None, act_zero=None):
+    def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None):
         m = n // 2 if epilogue == "swiglu" else n
         # The bytes of the matrix as the device holds it (fmt, [n, k]): for merged input projections
         # (residency.MERGED_INPUTS) the stack in the wider format, so its narrower half counts at the wider
@@ -300,8 +300,7 @@ class RecordingOps:
             from inferno.kernels.tiled import tiled_geometry
 
             name = (N.variant_name(epilogue, 1, norm is not None) if fmt == "NVFP4"
-                    else variant_name(fmt, epilogue, 1, norm is not None, add is not None)
-                    + ("_act" if act_zero is not None else ""))
+                    else variant_name(fmt, epilogue, 1, norm is not None, add is not None))
             weights = tiled_geometry(fmt, n, k).nbytes
         else:
             weights, name = payload_nbytes(fmt, n, k), gemv_variant(fmt, epilogue)
@@ -311,8 +310,6 @@ class RecordingOps:
             act += m * (2 * F32 - BF16)
         if add is not None:  # s read, xo and z written
             act += k * (2 * F32 + BF16)
-        if act_zero is not None:  # gate | up sums read instead of act, the next ones zeroed
-            act += 2 * k * 2 * F32 - k * BF16
         return f"{name} {role(w)}", Work(weights + act, 2 * n * k, fixed=weights)
 
     def _w_linear_bf16(self, x, w, y, n, k, norm=None, sums=None):
@@ -485,7 +482,7 @@ def record(executor: Any, run: Callable[[], Any]) -> RecordingOps:
 # ---- device spans of the executor's normal run (graph replay) ----------------------------------------
 HOST_WAITS = frozenset({"synchronize", "download"})  # the host waits for the stream: the open span ends
 SPAN_PASS = frozenset({"alloc", "upload", "preload_gemv", "close", "side", "join", "folds_norm",
-                       "defers_residual", "accumulates_gdn_inputs", "defers_swiglu"})  # not queued stream work
+                       "defers_residual", "accumulates_gdn_inputs"})  # not queued stream work
 
 
 class SpanClock:

@@ -217,7 +217,6 @@ def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int, seqs
         "gdn_sync": c.gdn_k_heads * I32 if c.gdn_layers else ALIGN,  # the fused conv+step's q/k window counters
         "mix_out": max(c.gdn_value_width if c.gdn_layers else 0, q_width if c.attention_layers else 0) * BF16,
         "act": c.intermediate * BF16,
-        "act_sums": 3 * 2 * c.intermediate * FP32,  # gate_up's deferred gate | up sums (layers.py: 2-3 in turn)
         "logits": c.vocab * BF16,
         "argmax": I32,  # greedy pick (device argmax of the logits)
         "sampled": seqs * I32,  # the device sampler's last token per sequence (row = GDN slot)
