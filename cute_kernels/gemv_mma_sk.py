@@ -438,7 +438,8 @@ class GemvMmaSK(GemvMma):
         sums are in ws: every lane's fence releases its reds, lane 0 adds both counts (relaxed atomics in
         flight together), and the warp that completes a unit acquires and finishes it."""
         npairs, lane, cnt = geo[2], geo[5], geo[10]
-        if cutlass.const_expr(self.probe not in ("nochain", "bare") and not self.accumulate):  # the counters, the finishing warp's read-back
+        # the counters and the finishing warp's read-back (none for the probes without a chain, nor accumulate)
+        if cutlass.const_expr(self.probe not in ("nochain", "bare") and not self.accumulate):
             cute.arch.fence_acq_rel_gpu()
             cute.arch.sync_warp()
             a0 = cutlass.Int32(-1)

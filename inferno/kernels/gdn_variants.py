@@ -250,9 +250,9 @@ class GdnConvStep(_GdnLauncher):
                  z_stride: int | None = None, a_stride: int | None = None, b_stride: int | None = None,
                  out_stride: int | None = None, stream: Any = None) -> None:
         """x [batch, 2*Hk*dk + Hv*dv] bf16 (the raw conv input q|k|v); conv_state [n_slots, K-1, C] bf16;
-        conv_w [K, C] bf16; z, out [batch, Hv*dv] bf16 (`gdn_conv_step_sums`: x and z fp32, zeroed by the call); a, b [batch, Hv] bf16; a_log, dt_bias [Hv] fp32;
-        norm_w [dv] bf16; state [n_slots, Hv, dk, dv] fp32; slots [batch] int32 (distinct, in
-        [0, n_slots)); sync: int32 [>= batch * k_heads], zero before the first call (the kernel leaves
+        conv_w [K, C] bf16; z, out [batch, Hv*dv] bf16 (`gdn_conv_step_sums`: x and z fp32, zeroed by the
+        call); a, b [batch, Hv] bf16; a_log, dt_bias [Hv] fp32; norm_w [dv] bf16; state [n_slots, Hv, dk, dv]
+        fp32; slots [batch] int32 (distinct, in [0, n_slots)); sync: int32 [>= batch * k_heads], zero before the first call (the kernel leaves
         it zero). Strides are row strides in elements."""
         batch = _int(batch, "batch", self.name)
         hk = _int(k_heads, "k_heads", self.name)

@@ -72,7 +72,8 @@ def prefetch_for(cols: int, epilogue: str = "plain") -> int:
 
 
 def make_variant(cols: int, rows: int | None = None, threads: int = THREADS, unroll: int = 2,
-                 epilogue: str = "plain", norm: bool = False, prefetch: int | None = None, add: bool = False) -> Variant:
+                 epilogue: str = "plain", norm: bool = False, prefetch: int | None = None,
+                 add: bool = False) -> Variant:
     """The variant for `cols` columns and `epilogue` (with the folded RMSNorm when `norm`, reading x + s when
     `add`: GemvBf16Add, s fp32 [K] after eps); rows/threads/unroll/prefetch other than the defaults (for
     tuning) add `_r<rows>_n<threads>_u<unroll>_p<prefetch>` to the name."""

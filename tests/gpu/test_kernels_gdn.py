@@ -402,7 +402,8 @@ def test_conv_step_sums_equals_bf16_inputs(device, bufs, rng, hk, hv):
     runs = {}
     for name in ("plain", "sums"):
         runs[name] = dict(conv=bufs.up(conv_st, f"conv_state {name}"), state=bufs.up(state, f"state {name}"),
-                          sync=bufs.up(np.zeros(hk, np.int32), f"sync {name}"), out=bufs.poisoned(zw * 2, f"out {name}"))
+                          sync=bufs.up(np.zeros(hk, np.int32), f"sync {name}"),
+                          out=bufs.poisoned(zw * 2, f"out {name}"))
     dslots = bufs.up(np.array([slot], np.int32), "slots")
     for t in range(3):
         x = (rng.standard_normal(c) * 2).astype(np.float32)

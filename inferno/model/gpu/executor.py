@@ -383,7 +383,8 @@ class GpuExecutor:
             x, sums = self.program.layer_output(i)
             xv = self._download_bf16(x, self.config.hidden)
             if sums is not None:  # deferred: x + the down GEMV's sums, as the next layer's GEMVs read it
-                xv = (xv + self.ops.download(sums, np.float32, (self.config.hidden,))).astype(bfloat16).astype(np.float32)
+                xv += self.ops.download(sums, np.float32, (self.config.hidden,))
+                xv = xv.astype(bfloat16).astype(np.float32)
             out.residual.append(xv)
 
         with self._lock:

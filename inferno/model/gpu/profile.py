@@ -339,8 +339,8 @@ class RecordingOps:
         if sums:  # x and z fp32 sums, read and zeroed
             act += (channels + v_heads * dv) * (2 * F32 - BF16)
         fixed = window + rec + weights
-        return "gdn_conv_step" + ("_sums" if sums else ""), Work(I32 + act + fixed, 2 * c.conv_kernel * channels + 7 * v_heads * dk * dv,
-                                     fixed=fixed)
+        flops = 2 * c.conv_kernel * channels + 7 * v_heads * dk * dv
+        return "gdn_conv_step" + ("_sums" if sums else ""), Work(I32 + act + fixed, flops, fixed=fixed)
 
     def _w_attn_prep(self, qg, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g):
         d = g.head_dim
