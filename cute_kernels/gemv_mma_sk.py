@@ -41,6 +41,9 @@ from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32, unit_tiles
 from cute_kernels.gemv_mma import base_offset, high_offset
 
 COUNTER_ALIGN = 32  # counters padded to 128 bytes before the fp32 sums
+# Shared bytes a member holds at least: past 113 KB two CTAs (1 KB reserved each) cannot share an sm_90 SM's 228 KB,
+# so the one-CTA-per-SM grid is never packed two to an SM by PDL's early launch (whatever the registers allow).
+ONE_CTA_PER_SM = 116 * 1024
 
 
 def _asm_se(ret, args, text, cons, loc, ip):
@@ -182,6 +185,11 @@ class GemvMmaSK(GemvMma):
         """Shared-memory bytes of the cp.async ring (all warps)."""
         return self.warps * self.ring_slots * self.slot_bytes
 
+    def smem_bytes(self, ring_here: bool) -> int:
+        """Shared bytes `body` allocates before its padding (x's B words and group sums, the norm's warp sums,
+        `ring_here`: the ring), not counting alignment: a lower bound."""
+        return 4 * self.cols * self.ngmax * 33 + (128 if self.norm else 0) + (self.ring_bytes() if ring_here else 0)
+
     @cute.jit
     def body(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
              mN: cute.Tensor, eps, smem, ring=None, add=None):
@@ -203,11 +211,15 @@ class GemvMmaSK(GemvMma):
         b1 = cutlass.Int32(cutlass.Int64(wg + 1) * nblk // nwarps)
 
         xsd = self.xs_smem(smem, mX, mN, eps, add)
+        own = ring is None  # a caller passing the ring owns the shared-memory layout: no padding then
         ring0 = cutlass.Int32(0)
         if cutlass.const_expr(self.cpa):
             if cutlass.const_expr(ring is None):
                 ring = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.ring_bytes() // 4,)), byte_alignment=16)
             ring0 = ring.iterator.toint() + warp * (self.ring_slots * self.slot_bytes)
+        pad = ONE_CTA_PER_SM - self.smem_bytes(ring_here=self.cpa)
+        if cutlass.const_expr(own and pad > 0):
+            smem.allocate_tensor(cutlass.Int32, cute.make_layout((pad // 4,)), byte_alignment=16)
         if cutlass.const_expr(self.accumulate):
             cnt = mY.iterator.toint()
             part = cnt

@@ -22,11 +22,11 @@ def test_residual_chains_need_tensor_core_writers_and_folding_readers(monkeypatc
     assert not defers_residual_shape(Q5, True, 6144, swiglu, 5120)
 
 
-def test_gdn_inputs_accumulate_only_where_one_cta_fills_an_sm(monkeypatch):
-    """Q5 / Q6 stacks accumulate for gdn_conv_step_sums; Q4 not (its `_acc_n(a)` members fit two CTAs per SM)."""
+def test_gdn_inputs_accumulate(monkeypatch):
+    """Tiled Q4-Q6 stacks accumulate for gdn_conv_step_sums (every stream-K member takes a whole SM:
+    test_kernels_gemv_mma.py::test_stream_k_members_fill_an_sm); W8, row-split and K past NORM_KMAX do not."""
     monkeypatch.delenv(DEFER_ENV, raising=False)
-    assert accumulates_gdn_inputs_shape(Q5, True, 5120) and accumulates_gdn_inputs_shape(Q6, True, 5120)
-    assert not accumulates_gdn_inputs_shape(Q4, True, 5120)
+    assert all(accumulates_gdn_inputs_shape(f, True, 5120) for f in (Q4, Q5, Q6))
     assert not accumulates_gdn_inputs_shape(Q5, False, 5120) and not accumulates_gdn_inputs_shape(W8, True, 5120)
     assert not accumulates_gdn_inputs_shape(Q5, True, M.NORM_KMAX + 128)
     monkeypatch.setenv(DEFER_ENV, "0")

@@ -81,20 +81,15 @@ def defers_residual_shape(out_fmt: str, out_tiled: bool, out_k: int, readers: li
             and k <= M.NORM_KMAX and bool(readers) and all(reads(*r) for r in readers))
 
 
-ACC_NORM_BITS = (5, 6)  # formats whose accumulating `_acc_n(a)` members take over 64 registers a thread
-
-
 def accumulates_gdn_inputs_shape(fmt: str, tiled: bool, k: int) -> bool:
     """Whether the merged q|k|v|z GEMV (fmt, K = k, the RMSNorm folded) can leave fp32 sums to the conv + step
-    kernel: tensor-core Q5 / Q6 (tile16-v1), K within NORM_KMAX; unless $INFERNO_DEFER=0. Not Q4: its `_acc_n(a)`
-    members fit two CTAs on an SM (64 registers), which PDL's early launch packs onto the first free SMs, halving
-    their speed (-14 % of decode when gate_up ran on one, docs/performance.md session 12)."""
+    kernel: tensor-core Q4-Q6 (tile16-v1), K within NORM_KMAX; unless $INFERNO_DEFER=0."""
     import os
 
     from inferno.kernels import gemv_mma_variants as M
 
     return (os.environ.get(DEFER_ENV, "1") != "0" and tiled and fmt in M.FORMATS
-            and M.FORMATS[fmt][1] in ACC_NORM_BITS and k <= M.NORM_KMAX)
+            and M.FORMATS[fmt][1] != 8 and k <= M.NORM_KMAX)
 
 
 def fold_norms() -> bool:
