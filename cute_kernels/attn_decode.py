@@ -781,6 +781,16 @@ class AttnDecodeMma:
 
 
 
+@cute.jit
+def _load_bf16(src: cute.Tensor, dst: cute.Tensor, sums: cutlass.Constexpr):
+    """dst (bf16 registers) <- src: bf16, or (sums) fp32 rounded to bf16 as a GEMV's epilogue rounds it."""
+    if cutlass.const_expr(sums):
+        r = cute.make_rmem_tensor(cute.size(dst), cutlass.Float32)
+        cute.autovec_copy(src, r)
+        dst.store(r.load().to(cutlass.BFloat16))
+    else:
+        cute.autovec_copy(src, dst)
+
 
 def _norm_rope(rX: cute.Tensor, rW: cute.Tensor, rCos: cute.Tensor, rSin: cute.Tensor, eps, partner_lanes: int,
                rY: cute.Tensor):
@@ -813,12 +823,17 @@ class AttnDecodeFused(AttnDecodeMma):
         sNew, so no CTA reads the row from global memory in the step that writes it.
 
     Then the block loop and outputs of `AttnDecodeMma`. lens = 0: q is still computed (split 0
-    writes it), nothing is cached and no split is used."""
+    writes it), nothing is cached and no split is used.
 
-    def __init__(self, group: int, block: int = 32, ctas_per_sm: int = 2, stages: int = 2, rotary: int = 64):
+    `sums`: q_proj, k and v are fp32, the sums an accumulating projection GEMV left (a deferred epilogue),
+    rounded to bf16 as its epilogue would round them; the combine zeroes them (every split reads q)."""
+
+    def __init__(self, group: int, block: int = 32, ctas_per_sm: int = 2, stages: int = 2, rotary: int = 64,
+                 sums: bool = False):
         super().__init__(group, block, ctas_per_sm, stages)
         if rotary not in (16, 32, 64, 128, 256):
             raise ValueError("rotary must be a power of two between 16 and 256")
+        self.sums = sums
         self.fused = True
         self.rotary = rotary
         self.rot_lanes = rotary // VEC  # lanes holding rotary dims
@@ -903,12 +918,12 @@ class AttnDecodeFused(AttnDecodeMma):
         rX = cute.make_rmem_tensor((VEC,), dt)
         rN = cute.make_rmem_tensor((VEC,), dt)
         if wid < G:
-            cute.autovec_copy(cute.zipped_divide(mQP[seq, kvh * G + wid, None], (VEC,))[None, lane], rX)
+            _load_bf16(cute.zipped_divide(mQP[seq, kvh * G + wid, None], (VEC,))[None, lane], rX, self.sums)
         if fresh:
             if wid == WARPS - 1:
-                cute.autovec_copy(cute.zipped_divide(mK[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN)
+                _load_bf16(cute.zipped_divide(mK[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN, self.sums)
             if wid == WARPS - 2:
-                cute.autovec_copy(cute.zipped_divide(mV[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN)
+                _load_bf16(cute.zipped_divide(mV[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN, self.sums)
 
         # q_h = hi + lo (as AttnDecodeMma): bf16 hi in row h, the bf16 rounding of q - hi in row 8 + h,
         # rows of heads >= G zero.
@@ -1050,14 +1065,22 @@ class AttnCombineOnline:
     `early`: the lens and gate loads go out before `griddepcontrol.wait` (launched early behind the
     decode kernel, the CTA then waits only for the partials). Only for callers whose lens are not
     written by the kernels just before it (the host's step buffer) and whose gate was written at least
-    two launches back (the gate GEMV before the decode kernel)."""
+    two launches back (the gate GEMV before the decode kernel).
 
-    def __init__(self, groups: int = 8, unroll: int = 8, early: bool = False):
+    `sums` (with `early`): the gate is fp32, the sums of an accumulating projection GEMV (rounded to bf16 as its
+    epilogue would round them), and the CTA of head h zeroes what that GEMV left for this layer once it has been
+    read: its gate (by the threads that loaded it), q head h, and for h < Hkv k and v head h (all read by the
+    decode kernel, complete when the wait returns), so the next accumulating GEMV adds into zeros."""
+
+    def __init__(self, groups: int = 8, unroll: int = 8, early: bool = False, sums: bool = False):
         if groups not in (1, 2, 4, 8):
             raise ValueError("groups must be 1, 2, 4 or 8")
+        if sums and not (early and groups >= 4):
+            raise ValueError("sums: early combine with at least 4 groups (256 threads zero q, k and v)")
         self.groups = groups
         self.unroll = unroll
         self.early = early
+        self.sums = sums
         self.threads = 64 * groups
 
     @cute.jit
@@ -1070,6 +1093,12 @@ class AttnCombineOnline:
     @cute.kernel
     def kernel(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mGate: cute.Tensor,
                mOut: cute.Tensor):
+        self.body(mPO, mPL, mLens, mGate, mOut, None)
+
+    @cute.jit
+    def body(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mGate: cute.Tensor, mOut: cute.Tensor,
+             zero):
+        """The kernel; `zero` (sums): (q sums [B, Hq 256], k sums, v sums [B, Hkv 256]) to zero, or None."""
         tidx, _, _ = cute.arch.thread_idx()
         head, seq, _ = cute.arch.block_idx()
         grp = tidx // 64
@@ -1080,11 +1109,24 @@ class AttnCombineOnline:
             cute.arch.griddepcontrol_launch_dependents()
         rG = cute.make_rmem_tensor((4,), cutlass.BFloat16)
         if grp == 0:  # the gate does not depend on lens: its load goes out first
-            cute.autovec_copy(cute.zipped_divide(mGate[seq, head, None], (4,))[None, col], rG)
+            _load_bf16(cute.zipped_divide(mGate[seq, head, None], (4,))[None, col], rG, self.sums)
         _, _, used = _pages(mLens[seq], cute.size(mPL, mode=[2]), 0)
         if cutlass.const_expr(self.early):
             cute.arch.griddepcontrol_wait()  # the partials come from the decode kernel
             cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(self.sums):  # everything the projection GEMV left for this layer has been read
+            mQs, mKs, mVs = zero
+            rZ = cute.make_rmem_tensor((4,), cutlass.Float32)
+            rZ.fill(0.0)
+            if grp == 0:  # the gate values this thread loaded
+                cute.autovec_copy(rZ, cute.zipped_divide(mGate[seq, head, None], (4,))[None, col])
+            if grp == 1:
+                cute.autovec_copy(rZ, cute.zipped_divide(mQs[seq, None], (4,))[None, head * 64 + col])
+            if head < cute.size(mKs, mode=[1]) // HEAD_DIM:
+                if grp == 2:
+                    cute.autovec_copy(rZ, cute.zipped_divide(mKs[seq, None], (4,))[None, head * 64 + col])
+                if grp == 3:
+                    cute.autovec_copy(rZ, cute.zipped_divide(mVs[seq, None], (4,))[None, head * 64 + col])
 
         smem = cutlass.memory.SmemAllocator()
         sAcc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.groups, HEAD_DIM), stride=(HEAD_DIM, 1)),
@@ -1144,3 +1186,24 @@ class AttnCombineOnline:
             rY = cute.make_rmem_tensor((4,), cutlass.BFloat16)
             rY.store((rAcc.load() / wsum * gate).to(cutlass.BFloat16))
             cute.autovec_copy(rY, cute.zipped_divide(mOut[seq, None], (4,))[None, head * 64 + col])
+
+
+class AttnCombineSums(AttnCombineOnline):
+    """`AttnCombineOnline` (early) reading the gate from an accumulating projection GEMV's fp32 sums and zeroing
+    what that GEMV left for the layer: the gate, q, k and v sums (see AttnCombineOnline, `sums`)."""
+
+    def __init__(self, groups: int = 8, unroll: int = 8):
+        super().__init__(groups, unroll, early=True, sums=True)
+
+    @cute.jit
+    def __call__(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mGate: cute.Tensor,
+                 mOut: cute.Tensor, mQs: cute.Tensor, mKs: cute.Tensor, mVs: cute.Tensor, stream: cuda.CUstream):
+        hq = cute.size(mPO, mode=[1])
+        b = cute.size(mPO, mode=[0])
+        self.kernel(mPO, mPL, mLens, mGate, mOut, mQs, mKs, mVs).launch(grid=(hq, b, 1), block=(self.threads, 1, 1),
+                                                                     stream=stream)
+
+    @cute.kernel
+    def kernel(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mGate: cute.Tensor,
+               mOut: cute.Tensor, mQs: cute.Tensor, mKs: cute.Tensor, mVs: cute.Tensor):
+        self.body(mPO, mPL, mLens, mGate, mOut, (mQs, mKs, mVs))

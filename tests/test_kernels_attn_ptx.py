@@ -370,16 +370,19 @@ ROW_STRIDE, HEAD_STRIDE = 70_001 * 8, 97 * 8  # values; unlike any stride a kern
 COMBINES = [v.name for v in av.COMBINE_VARIANTS]
 
 
-def _view_load_errors(ptx: str, param: int, threads: int, ctaid: tuple[int, int, int], want) -> list[str]:
+def _view_load_errors(ptx: str, param: int, threads: int, ctaid: tuple[int, int, int], want, esz: int = 2,
+                      values: int = 8) -> list[str]:
     """Each thread's global loads whose address derives from tensor param `param` (the only param
-    given values: base, row stride at byte 16, head stride at 24) against want(tidx) (value index)."""
+    given values: base, row stride at byte 16, head stride at 24) against want(tidx) (value index): `values`
+    values of `esz` bytes (bf16, or fp32 sums), in 16-byte loads."""
     stmts = _statements(ptx)
     params = {(param, 0): VIEW_BASE, (param, 16): ROW_STRIDE, (param, 24): HEAD_STRIDE}
     errors = []
     for t in range(threads):
         got = [a for a in _run(stmts, t, params, ctaid)["global_ld"] if a is not None]
-        if got != [VIEW_BASE + 2 * want(t)]:
-            errors.append(f"thread {t}: loads {[hex(a - VIEW_BASE) for a in got]}, want {hex(2 * want(t))}")
+        first = VIEW_BASE + esz * want(t)
+        if got != [first + 16 * i for i in range(max(1, values * esz // 16))]:
+            errors.append(f"thread {t}: loads {[hex(a - VIEW_BASE) for a in got]}, want {hex(first - VIEW_BASE)}")
     return errors
 
 
@@ -394,18 +397,18 @@ def test_prep_reads_q_at_its_row_and_head_strides(ptx_of):
     assert swapped != ptx and _view_load_errors(swapped, 0, 128, (bx, seq, 0), want)
 
 
-@pytest.mark.parametrize("name", ["attn_decode_g8_fused"])
+@pytest.mark.parametrize("name", ["attn_decode_g8_fused", "attn_decode_g8_fused_sums"])
 def test_fused_reads_q_at_its_row_and_head_strides(ptx_of, name):
     """Warp w of CTA (split, kv head g, seq) loads dims 8 lane.. of q head G g + w from q_proj[seq, head, :]
-    (warps w >= G skip it at run time; the straight-line evaluation computes their address too)."""
+    (warps w >= G skip it at run time; the straight-line evaluation computes their address too); `_sums`: fp32."""
     ptx = ptx_of(name)
-    group = av.attn_variant(name).config["group"]
+    group, esz = av.attn_variant(name).config["group"], 4 if name.endswith("_sums") else 2
     split, kvh, seq = 3, 1, 2
     want = lambda t: seq * ROW_STRIDE + (group * kvh + t // 32) * HEAD_STRIDE + 8 * (t % 32)  # noqa: E731
-    errors = _view_load_errors(ptx, 0, 64, (split, kvh, seq), want)  # warps 0 and 1: two heads
+    errors = _view_load_errors(ptx, 0, 64, (split, kvh, seq), want, esz)  # warps 0 and 1: two heads
     assert not errors, f"{len(errors)} errors, first: " + "\n".join(errors[:8])
     swapped = ptx.replace("param_0+24]", "param_0+16]")
-    assert swapped != ptx and _view_load_errors(swapped, 0, 64, (split, kvh, seq), want)
+    assert swapped != ptx and _view_load_errors(swapped, 0, 64, (split, kvh, seq), want, esz)
 
 
 @pytest.mark.parametrize("name", COMBINES)
@@ -413,9 +416,9 @@ def test_combine_reads_gate_at_its_row_and_head_strides(ptx_of, name):
     """Thread t < 64 of CTA (head, seq) loads dims 4 t.. of gate[seq, head, :] (only the first group of
     64 threads loads the gate, so the code may use t for t % 64: the other threads are not checked)."""
     ptx = ptx_of(name)
-    head, seq = 5, 2
+    head, seq, esz = 5, 2, 4 if name.endswith("_sums") else 2  # `_sums`: the gate fp32
     want = lambda t: seq * ROW_STRIDE + head * HEAD_STRIDE + 4 * t  # noqa: E731
-    errors = _view_load_errors(ptx, 3, 64, (head, seq, 0), want)
+    errors = _view_load_errors(ptx, 3, 64, (head, seq, 0), want, esz, 4)
     assert not errors, f"{len(errors)} errors, first: " + "\n".join(errors[:8])
     swapped = ptx.replace("param_3+24]", "param_3+16]")
-    assert swapped != ptx and _view_load_errors(swapped, 3, 64, (head, seq, 0), want)
+    assert swapped != ptx and _view_load_errors(swapped, 3, 64, (head, seq, 0), want, esz, 4)

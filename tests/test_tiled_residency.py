@@ -197,10 +197,10 @@ def test_launches_follow_each_placements_storage(request, mode):
     assert all(tiled == stored for *_, tiled, stored in gemvs)
     assert all(tiled == stored for tiled, stored in dequants)
     assert all(tiled == (mode == "all") for tiled, _ in dequants)
-    # deferred epilogues ("all": tensor-core GEMVs): the mixer outputs, the downs but the last and the GDN input
-    # projections accumulate
+    # deferred epilogues ("all": tensor-core GEMVs): the mixer outputs, the downs but the last and every merged
+    # input projection (GDN and attention) accumulate
     prog, n = ex.program, ex.config.n_layers
-    assert len(prog.accumulating) == (2 * n - 1 + len(ex.config.gdn_layers) if mode == "all" else 0)
+    assert len(prog.accumulating) == (3 * n - 1 if mode == "all" else 0)
     assert {g[:3] for g in gemvs} == R.gemv_kinds(ex.plan.placements, prog.accumulating)
 
 

@@ -39,6 +39,11 @@ _D = HEAD_DIM
 _QP = Tensor("q_proj", "bf16", ("B", "Hq", _D), ("qp_sb", "qp_sh", 1))
 _GATE = Tensor("gate", "bf16", ("B", "Hq", _D), ("gate_sb", "gate_sh", 1))
 _Q = Tensor("q", "f32", ("B", "Hq", _D), ("q_sb", _D, 1))
+# deferred projections (`_sums` variants): q_proj, k, v and gate as an accumulating GEMV's fp32 sums
+_QP_SUMS = Tensor("q_proj", "f32", ("B", "Hq", _D), ("qp_sb", "qp_sh", 1))
+_GATE_SUMS = Tensor("gate", "f32", ("B", "Hq", _D), ("gate_sb", "gate_sh", 1))
+_ZEROED = (Tensor("q_sums", "f32", ("B", "QD"), ("qs_stride", 1)), Tensor("k_sums", "f32", ("B", "KD"), ("ks_stride", 1)),
+           Tensor("v_sums", "f32", ("B", "KD"), ("vs_stride", 1)))
 _LENS = Tensor("lens", "i32", ("B",), (1,), align=4)
 _PT = Tensor("page_table", "i32", ("B", "P"), ("pt_stride", 1), align=4)
 _KV = Tensor("kv", "bf16", ("KR", _D), ("kv_stride", 1))
@@ -49,6 +54,7 @@ _PL = Tensor("part_lse", "f32", ("B", "Hq", "S"), ("pl_sb", "pl_sh", 1), align=4
 _PREP_IN = (Tensor("k", "bf16", ("B", "KD"), ("k_stride", 1)), Tensor("v", "bf16", ("B", "KD"), ("v_stride", 1)),
             Tensor("q_norm", "bf16", (_D,), (1,)), Tensor("k_norm", "bf16", (_D,), (1,)),
             Tensor("positions", "i32", ("B",), (1,), align=4))
+_KV_SUMS = (Tensor("k", "f32", ("B", "KD"), ("k_stride", 1)), Tensor("v", "f32", ("B", "KD"), ("v_stride", 1)))
 
 PREP = Variant(
     name="attn_qk_prep", op="attn_qk_prep", source="cute_kernels.attn_prep", cls="AttnQkPrep",
@@ -84,25 +90,33 @@ def _decode(group: int, block: int, ctas_per_sm: int, cls: str = "AttnDecodePipe
 
 
 def _combine(groups: int, unroll: int, suffix: str = "", cls: str = "AttnCombine", early: bool = False) -> Variant:
+    sums = cls == "AttnCombineSums"  # the gate fp32 (an accumulating GEMV's sums), q, k, v sums zeroed
     return Variant(
         name=f"attn_combine{suffix}", op="attn_combine", source="cute_kernels.attn_decode", cls=cls,
-        config=dict(groups=groups, unroll=unroll, **({"early": True} if early else {})),
-        args=(_PO, _PL, _LENS, _GATE, Tensor("out", "bf16", ("B", "OD"), ("out_stride", 1))),
+        config=dict(groups=groups, unroll=unroll, **({"early": True} if early and not sums else {})),
+        args=(_PO, _PL, _LENS, _GATE_SUMS if sums else _GATE, Tensor("out", "bf16", ("B", "OD"), ("out_stride", 1)),
+              *(_ZEROED if sums else ())),
         grid=("Hq", "B", "1"),
-        divisibility={"OD": 8, "gate_sb": 8, "gate_sh": 8, "out_stride": 8, "po_sb": 4, "po_sh": 4},
+        divisibility={"OD": 8, "gate_sb": 8, "gate_sh": 8, "out_stride": 8, "po_sb": 4, "po_sh": 4,
+                      **({"QD": 256, "KD": 256, "qs_stride": 8, "ks_stride": 8, "vs_stride": 8} if sums else {})},
         pdl=True,
         summary=f"merge split-K partials (log-sum-exp, {groups} split group(s) of 64 threads, "
-                f"{'one pass' if cls == 'AttnCombineOnline' else 'max pass first'}), o *= sigmoid(gate), bf16 out"
-                f"{'; lens and gate loaded before the PDL wait' if early else ''}",
+                f"{'max pass first' if cls == 'AttnCombine' else 'one pass'}), o *= sigmoid(gate), bf16 out"
+                f"{'; lens and gate loaded before the PDL wait' if early or sums else ''}"
+                f"{'; the gate from fp32 sums, which it zeroes with the q, k and v sums' if sums else ''}",
     )
 
 
-def _fused(group: int, stages: int = 2, suffix: str = "") -> Variant:
+def _fused(group: int, stages: int = 2, suffix: str = "", sums: bool = False) -> Variant:
+    """`sums`: `attn_decode_g<G>_fused_sums`, q_proj, k and v fp32 (an accumulating GEMV's sums)."""
+    prep_in = (*_KV_SUMS, *_PREP_IN[2:]) if sums else _PREP_IN
     return Variant(
-        name=f"attn_decode_g{group}_fused{suffix}", op="attn_decode_fused", source="cute_kernels.attn_decode",
-        cls="AttnDecodeFused", config=dict(group=group, block=32, ctas_per_sm=CTAS_PER_SM, stages=stages, rotary=64),
-        args=(_QP, *_PREP_IN, _LENS, _PT, _KV, _Q, _PO, _PL, Scalar("scale", "f32"), Scalar("eps", "f32"),
-              Scalar("rope_theta", "f32")),
+        name=f"attn_decode_g{group}_fused{suffix}{'_sums' if sums else ''}", op="attn_decode_fused",
+        source="cute_kernels.attn_decode", cls="AttnDecodeFused",
+        config=dict(group=group, block=32, ctas_per_sm=CTAS_PER_SM, stages=stages, rotary=64,
+                    **({"sums": True} if sums else {})),
+        args=(_QP_SUMS if sums else _QP, *prep_in, _LENS, _PT, _KV, _Q, _PO, _PL, Scalar("scale", "f32"),
+              Scalar("eps", "f32"), Scalar("rope_theta", "f32")),
         grid=("S", f"Hq // {group}", "B"),
         divisibility={"Hq": group, "KD": 256, "qp_sb": 8, "qp_sh": 8, "k_stride": 8, "v_stride": 8, "kv_stride": 8,
                       "q_sb": 4, "po_sb": 4, "po_sh": 4},
@@ -133,12 +147,16 @@ DECODE_VARIANTS: tuple[Variant, ...] = (
     _decode(6, 32, 2, "AttnDecode", "_regs"), _decode(8, 64, 1, "AttnDecode", "_regs"))
 # Prep folded into the decode (one launch fewer per layer; the first K/V blocks issued before the PDL
 # wait): `attn_decode_g<G>_fused` (+ `attn_combine_early`), the candidate default once measured.
-FUSED_VARIANTS: tuple[Variant, ...] = (_fused(2), _fused(6), _fused(8), _fused(6, 3, "_s3"), _fused(8, 3, "_s3"))
+FUSED_VARIANTS: tuple[Variant, ...] = (_fused(2), _fused(6), _fused(8), _fused(6, 3, "_s3"), _fused(8, 3, "_s3"),
+                                        *(_fused(g, sums=True) for g in GROUPS))
 COMBINE = _combine(8, 8, cls="AttnCombineOnline")
 # `attn_combine_early`: lens and the gate loaded before the PDL wait (the executor's decode step: lens from
 # the host's step buffer, the gate from the GEMV two launches back), the candidate partner of the fused decode.
 COMBINE_EARLY = _combine(8, 8, "_early", cls="AttnCombineOnline", early=True)
-COMBINE_VARIANTS: tuple[Variant, ...] = (COMBINE, COMBINE_EARLY, _combine(8, 4, "_2pass"), _combine(1, 1, "_serial"))
+# `attn_combine_sums`: COMBINE_EARLY after a fused decode reading an accumulating projection GEMV's sums.
+COMBINE_SUMS = _combine(8, 8, "_sums", cls="AttnCombineSums")
+COMBINE_VARIANTS: tuple[Variant, ...] = (COMBINE, COMBINE_EARLY, COMBINE_SUMS, _combine(8, 4, "_2pass"),
+                                         _combine(1, 1, "_serial"))
 ATTN_VARIANTS: tuple[Variant, ...] = (PREP, *DECODE_VARIANTS, *FUSED_VARIANTS, *COMBINE_VARIANTS)
 _BY_NAME = {v.name: v for v in ATTN_VARIANTS}
 
@@ -187,17 +205,17 @@ def _pool_rows(kv: DeviceBuffer, n_kv_heads: int, kernel: str) -> int:
 
 
 def _head_rows(buf: DeviceBuffer, what: str, strides: str, kernel: str, batch: int, n_heads: int,
-               head_stride: int, stride: int | None) -> TensorArg:
-    """The bf16 [batch, n_heads, 256] view of `buf` whose head h of row b starts at value
-    b * stride + h * head_stride (the arguments `strides`_stride, default n_heads * head_stride,
-    and `strides`_head_stride)."""
+               head_stride: int, stride: int | None, esz: int = 2) -> TensorArg:
+    """The [batch, n_heads, 256] view (values of `esz` bytes: bf16, or fp32 sums) of `buf` whose head h of row
+    b starts at value b * stride + h * head_stride (the arguments `strides`_stride, default
+    n_heads * head_stride, and `strides`_head_stride)."""
     hs = _int(head_stride, f"{strides}_head_stride", kernel)
     span = (n_heads - 1) * hs + HEAD_DIM  # values one row reads
     rs = n_heads * hs if stride is None else _int(stride, f"{strides}_stride", kernel)
     for name, value, least in ((f"{strides}_head_stride", hs, HEAD_DIM), (f"{strides}_stride", rs, span)):
         if value < least or value % 8:
             raise LaunchError(f"kernel {kernel}: {name} = {value} must be >= {least} and a multiple of 8")
-    return TensorArg(_buf(buf, what, kernel, ((batch - 1) * rs + span) * 2), (batch, n_heads), (rs, hs))
+    return TensorArg(_buf(buf, what, kernel, ((batch - 1) * rs + span) * esz), (batch, n_heads), (rs, hs))
 
 
 class _AttnLauncher(Launcher):
@@ -224,14 +242,14 @@ class _AttnLauncher(Launcher):
                  q_stride: int | None, kv_stride: int | None) -> list[TensorArg]:
         """The prep inputs: q_proj (own row and head strides), k, v (row stride kv_stride), q_norm,
         k_norm, positions."""
-        kd = hkv * HEAD_DIM
-        q_in = _head_rows(q_proj, "q_proj", "q", self.name, b, hq, q_head_stride, q_stride)
+        kd, esz = hkv * HEAD_DIM, 4 if self.config.get("sums") else 2  # q_proj, k, v: bf16 or fp32 sums
+        q_in = _head_rows(q_proj, "q_proj", "q", self.name, b, hq, q_head_stride, q_stride, esz)
         ks = kd if kv_stride is None else _int(kv_stride, "kv_stride", self.name)
         if ks < kd or ks % 8:
             raise LaunchError(f"kernel {self.name}: kv_stride = {ks} must be >= {kd} and a multiple of 8")
         return [q_in,
-                TensorArg(_buf(k, "k", self.name, ((b - 1) * ks + kd) * 2), (b, kd), (ks,)),
-                TensorArg(_buf(v, "v", self.name, ((b - 1) * ks + kd) * 2), (b, kd), (ks,)),
+                TensorArg(_buf(k, "k", self.name, ((b - 1) * ks + kd) * esz), (b, kd), (ks,)),
+                TensorArg(_buf(v, "v", self.name, ((b - 1) * ks + kd) * esz), (b, kd), (ks,)),
                 TensorArg(_buf(q_norm, "q_norm", self.name, HEAD_DIM * 2)),
                 TensorArg(_buf(k_norm, "k_norm", self.name, HEAD_DIM * 2)),
                 TensorArg(_buf(positions, "positions", self.name, b * 4, align=4), (b,))]
@@ -335,13 +353,20 @@ class AttnCombine(_AttnLauncher):
 
     def __call__(self, part_o: DeviceBuffer, part_lse: DeviceBuffer, lens: DeviceBuffer, gate: DeviceBuffer,
                  out: DeviceBuffer, *, batch: int, n_heads: int, splits: int, gate_head_stride: int = HEAD_DIM,
-                 gate_stride: int | None = None, out_stride: int | None = None, stream: Any = None) -> None:
+                 gate_stride: int | None = None, out_stride: int | None = None,
+                 zero: "tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer] | None" = None, n_kv_heads: int = 0,
+                 stream: Any = None) -> None:
         """gate bf16, head h of sequence b at value b * gate_stride + h * gate_head_stride (256 values;
-        gate_stride defaults to n_heads * gate_head_stride); out [batch, out_stride >= n_heads*256]."""
+        gate_stride defaults to n_heads * gate_head_stride); out [batch, out_stride >= n_heads*256].
+        `attn_combine_sums`: gate fp32 (sums), and `zero` = the q [batch, n_heads * 256], k and v
+        [batch, n_kv_heads * 256] fp32 sums (contiguous rows) it zeroes with the gate."""
         b, hq, _ = self._heads(batch, n_heads, 1)
         s = _int(splits, "splits", self.name)
         od = hq * HEAD_DIM
-        gate_in = _head_rows(gate, "gate", "gate", self.name, b, hq, gate_head_stride, gate_stride)
+        sums = self.loaded.variant.cls == "AttnCombineSums"
+        if sums != (zero is not None):
+            raise LaunchError(f"kernel {self.name}: pass zero= (the q, k, v sums) exactly for attn_combine_sums")
+        gate_in = _head_rows(gate, "gate", "gate", self.name, b, hq, gate_head_stride, gate_stride, 4 if sums else 2)
         os_ = od if out_stride is None else _int(out_stride, "out_stride", self.name)
         if os_ < od or os_ % 8:
             raise LaunchError(f"kernel {self.name}: out_stride = {os_} must be >= {od} and a multiple of 8")
@@ -349,7 +374,13 @@ class AttnCombine(_AttnLauncher):
                 TensorArg(_buf(lens, "lens", self.name, b * 4, align=4), (b,)),
                 gate_in,
                 TensorArg(_buf(out, "out", self.name, ((b - 1) * os_ + od) * 2), (b, od), (os_,))]
-        self._launch(args, {"B": b, "Hq": hq, "S": s}, stream)
+        symbols = {"B": b, "Hq": hq, "S": s}
+        if zero is not None:
+            kd = _int(n_kv_heads, "n_kv_heads", self.name) * HEAD_DIM
+            args += [TensorArg(_buf(z, what, self.name, b * n * 4), (b, n), (n,))
+                     for z, what, n in zip(zero, ("q sums", "k sums", "v sums"), (od, kd, kd))]
+            symbols.update(QD=od, KD=kd)
+        self._launch(args, symbols, stream)
 
 
 class PagedAttention:

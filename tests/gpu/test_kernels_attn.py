@@ -352,6 +352,61 @@ def test_two_steps_append(attention, configs, rng, decode, pdl):
                           .astype(np.float32))
 
 
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("length", [1, 65, 8192])
+def test_fused_sums_equal_bf16_inputs(device, configs, rng, model, length):
+    """attn_decode_g<G>_fused_sums + attn_combine_sums on fp32 q | k | gate | v sums (an accumulating GEMV's, one
+    row as the executor's ws['mix_sums']) equal attn_decode_g<G>_fused + attn_combine_early on their bf16
+    roundings bit for bit (out, q, partials, the cache), and leave the sums zero with their guard intact."""
+    cfg = configs[model]
+    hq, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    qw, kw = hq * d, hkv * d
+    lay = KVLayout(hkv)
+    pages = lay.pages_for(length)
+    table = page_table([list(rng.permutation(pages + 2)[:pages])], pages + 1)
+    pool = lay.empty_pool(pages + 2)
+    if length > 1:
+        lay.write(pool, table[0], 0, _bf16(rng, (length - 1, hkv, d)), _bf16(rng, (length - 1, hkv, d)))
+    sums = (3 * rng.standard_normal(2 * (qw + kw))).astype(np.float32)  # q | k | gate | v
+    splits = av.default_splits(length, 1, hkv)
+    fused = av.decode_variant(hq, hkv, fused=True).name
+    kinds = {"bf16": (fused, av.COMBINE_EARLY.name, sums.astype(bfloat16), 2),
+             "sums": (fused + "_sums", av.COMBINE_SUMS.name, sums, 4)}
+    common = {n: to_device(None, a, n) for n, a in (("q_norm", _bf16(rng, d, 0.5)), ("k_norm", _bf16(rng, d, 0.5)),
+                                                    ("positions", np.array([length + 3], np.int32)),
+                                                    ("lens", np.array([length], np.int32)), ("table", table))}
+    got, bufs = {}, list(common.values())
+    try:
+        for kind, (dname, cname, row, esz) in kinds.items():
+            decode, combine = av.AttnDecodeFused.load(dname, device), av.AttnCombine.load(cname, device)
+            kv, rows = to_device(None, pool, "kv"), _poisoned(row.nbytes, f"rows {kind}")
+            h2d(rows, row)
+            q, k, gate, v = (rows.view(at * esz, n * esz) for at, n in ((0, qw), (qw, kw), (qw + kw, qw),
+                                                                           (2 * qw + kw, kw)))
+            po, pl = av.partial_bytes(1, hq, splits)
+            q32, part_o, part_lse = (_poisoned(n, name) for n, name in ((qw * 4, "q"), (po, "po"), (pl, "pl")))
+            out = _poisoned(qw * 2, "out")
+            bufs += [kv, rows, q32, part_o, part_lse, out]
+            decode(q, k, v, common["q_norm"], common["k_norm"], common["positions"], common["lens"], common["table"],
+                   kv, q32, part_o, part_lse, batch=1, n_heads=hq, n_kv_heads=hkv, table_width=pages + 1,
+                   splits=splits, eps=cfg.rms_eps, rope_theta=cfg.rope_theta)
+            combine(part_o, part_lse, common["lens"], gate, out, batch=1, n_heads=hq, splits=splits,
+                    zero=(q, k, v) if kind == "sums" else None, n_kv_heads=hkv)
+            got[kind] = {name: from_device(b, np.uint8, (b.nbytes,)) for name, b in
+                         (("kv", kv), ("q", q32), ("part_o", part_o), ("part_lse", part_lse), ("out", out),
+                          ("rows", rows))}
+    finally:
+        for b in bufs:
+            b.free()
+    for name in ("kv", "q", "part_o", "part_lse", "out"):
+        diff = np.flatnonzero(got["sums"][name] != got["bf16"][name])
+        assert diff.size == 0, f"{model} length {length}: {name} differs at {diff.size} bytes, first {diff[:4]}"
+    left = got["sums"]["rows"]
+    assert np.all(left[sums.nbytes:] == 0xFF), "the guard after the sums was written"
+    assert not np.any(left[:sums.nbytes].view(np.float32)), \
+        f"{np.count_nonzero(left[:sums.nbytes].view(np.float32))} sums not zeroed"
+
+
 @pytest.fixture(scope="module")
 def copy_gbps(device):
     """Device-to-device copy bandwidth of this run (read + write bytes per second, GB/s)."""

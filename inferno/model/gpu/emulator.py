@@ -20,7 +20,7 @@ from inferno.cuda.errors import OutOfMemoryError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.kernels.qlayout import dequant_rows
 from inferno.kernels.gemv_mma_variants import ACCUMULATE
-from inferno.model.gpu.ops import (AttnGeometry, accumulates_gdn_inputs_shape, defers_residual_shape, fold_norms,
+from inferno.model.gpu.ops import (AttnGeometry, accumulates_inputs_shape, defers_residual_shape, fold_norms,
                                    folds_norm_shape)
 from inferno.model.gpu.residency import ALIGN, align_up
 from inferno.model.reference.norms import rms_norm, sigmoid, silu, softplus
@@ -187,9 +187,10 @@ class EmulatedOps:
         self.launches += 1
         self._put(y, self._get(w, bfloat16, n * k).reshape(n, k) @ self._x(x, k, norm, sums=sums))
 
-    def accumulates_gdn_inputs(self, fmt, tiled, k) -> bool:
-        """As on the GPU (the accumulating `_n` / `_na` GEMVs and gdn_conv_step_sums, the norm folded)."""
-        return self.fold_norms and accumulates_gdn_inputs_shape(fmt, tiled, k)
+    def accumulates_inputs(self, mixer, fmt, tiled, k) -> bool:
+        """As on the GPU (the accumulating `_n` / `_na` GEMVs, gdn_conv_step_sums or the attention kernels reading
+        sums, the norm folded)."""
+        return self.fold_norms and accumulates_inputs_shape(fmt, tiled, k)
 
     def gdn_conv_step(self, x, conv_state, conv_w, z, a, b, a_log, dt_bias, norm_w, state, slots, sync, out,
                       k_heads, v_heads, n_slots, eps, sums=False) -> None:
@@ -217,20 +218,26 @@ class EmulatedOps:
         self._put(out, normed)
 
     def attention(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse, gate,
-                  out, g: AttnGeometry) -> None:
-        """As the GPU's two launches (the decode kernel with the prep folded in, the combine)."""
-        self._attn_prep(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g)
-        self._attn_decode(q, lens, page_table, kv, part_o, part_lse, gate, out, g)
+                  out, g: AttnGeometry, sums=False) -> None:
+        """As the GPU's two launches (the decode kernel with the prep folded in, the combine); `sums`: q_proj, k,
+        v and gate are fp32 sums, rounded to bf16 as the GEMV's epilogue would, and zeroed (by the combine)."""
+        d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
+        read = [self._get(b, np.float32 if sums else bfloat16, n * d).astype(bfloat16).astype(np.float32)
+                for b, n in ((q_proj, hq), (k, hkv), (v, hkv), (gate, hq))]
+        if sums:
+            for b, n in ((q_proj, hq), (k, hkv), (v, hkv), (gate, hq)):
+                self._put(b, np.zeros(n * d, np.float32), np.float32)
+        self._attn_prep(*read[:3], q_norm, k_norm, positions, lens, page_table, kv, q, g)
+        self._attn_decode(q, lens, page_table, kv, part_o, part_lse, read[3], out, g)
         self.launches += 2
 
     def _attn_prep(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g: AttnGeometry) -> None:
+        """q_proj, k, v: the projections' values (fp32 arrays of bf16 values)."""
         d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
         pos = int(self._get(positions, np.int32, 1)[0])
         slot = int(self._get(lens, np.int32, 1)[0]) - 1
         table = self._get(page_table, np.int32, g.pages_per_seq)
-        qh = self._get(q_proj, bfloat16, hq * d).reshape(hq, d)
-        kh = self._get(k, bfloat16, hkv * d).reshape(hkv, d)
-        vh = self._get(v, bfloat16, hkv * d).reshape(hkv, d)
+        qh, kh, vh = q_proj.reshape(hq, d), k.reshape(hkv, d), v.reshape(hkv, d)
         cos, sin = _rope(g, pos)
         qh = apply_rope(rms_norm(qh, self._get(q_norm, bfloat16, d), g.eps)[None], cos, sin)[0]
         kh = apply_rope(rms_norm(kh, self._get(k_norm, bfloat16, d), g.eps)[None], cos, sin)[0]
@@ -243,6 +250,7 @@ class EmulatedOps:
                 self._put(kv, data[head], offset=row * d)
 
     def _attn_decode(self, q, lens, page_table, kv, part_o, part_lse, gate, out, g: AttnGeometry) -> None:
+        """gate: the gate projection's values (an fp32 array of bf16 values)."""
         d, hq, hkv = g.head_dim, g.n_heads, g.n_kv_heads
         length = int(self._get(lens, np.int32, 1)[0])
         table = self._get(page_table, np.int32, g.pages_per_seq)
@@ -260,7 +268,7 @@ class EmulatedOps:
             scores = keys[:, h // group] @ qh[h] * np.float32(d ** -0.5)
             p = np.exp(scores - scores.max())
             o[h] = (p / p.sum()) @ values[:, h // group]
-        self._put(out, o * sigmoid(self._get(gate, bfloat16, hq * d).reshape(hq, d)))
+        self._put(out, o * sigmoid(gate.reshape(hq, d)))
 
     # ---- prefill kernels (inferno/model/gpu/prefill.py PrefillOps): T rows of one sequence -------------
     def _rows_of(self, buf: DeviceBuffer, dtype: Any, rows: int, width: int, stride: int) -> np.ndarray:

@@ -25,8 +25,9 @@ x_mid = bf16(x + s_i) itself: it writes x_mid (for down) and zeroes s_{i+1}, the
 down (layers 0 .. L-2, merged input projections) accumulates into d_i and layer i+1's input GEMV stages
 x = bf16(x_mid + d_i), writes x and zeroes d_{i+1} (its a|b GEMV on the side branch reads x_mid + d_i too).
 The sums of a chain cycle through 2 buffers (3 when its length is odd), so no launch zeroes what it reads.
-The GDN input GEMV (merged q|k|v|z) accumulates into ws['mix_sums'] too; gdn_conv_step reads those fp32 sums
-(rounded to bf16, as the GEMV's epilogue would) and zeroes them.
+The merged input GEMVs accumulate into ws['mix_sums'] too (`Ops.accumulates_inputs`, per mixer kind): the GDN
+q|k|v|z sums are read by gdn_conv_step, the attention q|k|gate|v sums by the attention decode kernel and its
+combine (rounded to bf16, as the GEMV's epilogue would), which zero them.
 
 then `normed = rmsnorm(x, final_norm)` and the head GEMV writes bf16 logits. The per-step inputs
 (token, position, GDN slot, length, page table) are read from the device `step` buffer, so the
@@ -71,8 +72,8 @@ class DecodeProgram:
         self.down_sums = self._chain([(self.w[f"text/layers/{i}/mlp/down"], self._input_kinds(i + 1))
                                       for i in range(n - 1)], 3)
         ops.zero(self.ws["res_sums"])  # each reader zeroes the next sums of its chain after this
-        self.gdn_sums = self._gdn_sums()
-        ops.zero(self.ws["mix_sums"])  # the conv + step kernel zeroes the sums it reads after this
+        self.gdn_sums, self.attn_sums = self._input_sums("gdn"), self._input_sums("attention")
+        ops.zero(self.ws["mix_sums"])  # the conv + step kernel and the attention combine zero them after this
 
 
     @property
@@ -163,16 +164,18 @@ class DecodeProgram:
         n, outs, downs = self.c.n_layers, self.out_sums is not None, self.down_sums is not None
         return frozenset([self._mixer_output_name(i) for i in range(n) if outs]
                          + [f"text/layers/{i}/mlp/down" for i in range(n - 1) if downs]
-                         + [f"text/layers/{i}/{MERGED_INPUTS['gdn'][0]}" for i in self.c.gdn_layers if self.gdn_sums])
+                         + [f"text/layers/{i}/{MERGED_INPUTS['gdn'][0]}" for i in self.c.gdn_layers if self.gdn_sums]
+                         + [f"text/layers/{i}/{MERGED_INPUTS['attention'][0]}" for i in self.c.attention_layers
+                            if self.attn_sums])
 
-    def _gdn_sums(self) -> bool:
-        """Whether every GDN layer's merged q|k|v|z GEMV accumulates fp32 sums that gdn_conv_step reads (the
-        norm folded; `Ops.accumulates_gdn_inputs`)."""
-        c, stack = self.c, MERGED_INPUTS["gdn"][0]
-        names = [f"text/layers/{i}/{stack}" for i in c.gdn_layers]
+    def _input_sums(self, mixer: str) -> bool:
+        """Whether every `mixer` ("gdn" or "attention") layer's merged input GEMV accumulates fp32 sums that the
+        mixer's kernels read (the norm folded; `Ops.accumulates_inputs`)."""
+        c, stack = self.c, MERGED_INPUTS[mixer][0]
+        names = [f"text/layers/{i}/{stack}" for i in (c.gdn_layers if mixer == "gdn" else c.attention_layers)]
         return bool(names) and all(
             n in self.w and self._reader(n, "plain") is not None
-            and self.ops.accumulates_gdn_inputs(self.w[n].fmt, self.w[n].tiled, c.hidden) for n in names)
+            and self.ops.accumulates_inputs(mixer, self.w[n].fmt, self.w[n].tiled, c.hidden) for n in names)
 
     def layer_output(self, i: int) -> tuple[DeviceBuffer, DeviceBuffer | None]:
         """Where layer i's output x is after it ran: (ws['x'], None), or deferred (ws['x_mid'], d_i): x is then
@@ -249,7 +252,13 @@ class DecodeProgram:
         d = c.head_dim
         qw, kvw = c.n_heads * d, c.n_kv_heads * d
         mix, merged = ws["mix_in"], w.get(p + MERGED_INPUTS["attention"][0])
-        if merged is not None:  # one GEMV: q | k | gate | v
+        e = FP32 if self.attn_sums else BF16  # q|k|gate|v: fp32 sums (accumulated, read and zeroed by attention)
+        if self.attn_sums:
+            mix = ws["mix_sums"]
+            ops.gemv(merged.fmt, ACCUMULATE, merged.buf, x, mix.view(0, 2 * (qw + kvw) * e), 2 * (qw + kvw), c.hidden,
+                     tiled=merged.tiled, norm=norm, add=add)
+            gate_value = mix.view((qw + kvw) * e, (qw + kvw) * e)
+        elif merged is not None:  # one GEMV: q | k | gate | v
             ops.gemv(merged.fmt, "plain", merged.buf, x, mix.view(0, 2 * (qw + kvw) * BF16), 2 * (qw + kvw),
                      c.hidden, tiled=merged.tiled, norm=norm, add=add)
             gate_value = mix.view((qw + kvw) * BF16, (qw + kvw) * BF16)
@@ -261,8 +270,8 @@ class DecodeProgram:
                      norm=norm)
             ops.join()
         # the kernels read q, k, gate, v where the GEMVs wrote them (head h at h * d)
-        q_proj, k = mix.view(0, qw * BF16), mix.view(qw * BF16, kvw * BF16)
-        gate, v = gate_value.view(0, qw * BF16), gate_value.view(qw * BF16, kvw * BF16)
+        q_proj, k = mix.view(0, qw * e), mix.view(qw * e, kvw * e)
+        gate, v = gate_value.view(0, qw * e), gate_value.view(qw * e, kvw * e)
         ops.attention(q_proj, k, v, w[p + "attention/query_norm"].buf, w[p + "attention/key_norm"].buf,
                       self.positions, self.lens, self.page_table, self.states.kv[i], ws["q"], ws["part_o"],
-                      ws["part_lse"], gate, ws["mix_out"], g)
+                      ws["part_lse"], gate, ws["mix_out"], g, sums=self.attn_sums)

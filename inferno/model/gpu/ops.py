@@ -81,9 +81,10 @@ def defers_residual_shape(out_fmt: str, out_tiled: bool, out_k: int, readers: li
             and k <= M.NORM_KMAX and bool(readers) and all(reads(*r) for r in readers))
 
 
-def accumulates_gdn_inputs_shape(fmt: str, tiled: bool, k: int) -> bool:
-    """Whether the merged q|k|v|z GEMV (fmt, K = k, the RMSNorm folded) can leave fp32 sums to the conv + step
-    kernel: tensor-core Q4-Q6 (tile16-v1), K within NORM_KMAX; unless $INFERNO_DEFER=0."""
+def accumulates_inputs_shape(fmt: str, tiled: bool, k: int) -> bool:
+    """Whether a merged input projection (fmt, K = k, the RMSNorm folded) can leave fp32 sums to the mixer that
+    reads it (GDN conv + step, or the attention decode and combine): tensor-core Q4-Q6 (tile16-v1), K within
+    NORM_KMAX; unless $INFERNO_DEFER=0."""
     import os
 
     from inferno.kernels import gemv_mma_variants as M
@@ -136,8 +137,9 @@ class Ops(Protocol):
                       norm_w: DeviceBuffer, state: DeviceBuffer, slots: DeviceBuffer, sync: DeviceBuffer,
                       out: DeviceBuffer, k_heads: int, v_heads: int, n_slots: int, eps: float,
                       sums: bool = False) -> None: ...
-    # whether the GDN input GEMV (fmt, K = k, the RMSNorm folded) may accumulate for gdn_conv_step(sums=True)
-    def accumulates_gdn_inputs(self, fmt: str, tiled: bool, k: int) -> bool: ...
+    # whether the merged input GEMV of a `mixer` ("gdn" or "attention") layer (fmt, K = k, the RMSNorm folded) may
+    # accumulate for gdn_conv_step(sums=True) or attention(sums=True)
+    def accumulates_inputs(self, mixer: str, fmt: str, tiled: bool, k: int) -> bool: ...
     # attention: q_proj and gate bf16 [n_heads * head_dim] (head h at h * head_dim, as the projections
     # write them), k and v [n_kv_heads * head_dim]; q is the fp32 [n_heads, head_dim] scratch prep fills
     # q/k norm + RoPE, k and v appended to the paged cache, split-K decode into part_o / part_lse (q: the
@@ -145,7 +147,8 @@ class Ops(Protocol):
     def attention(self, q_proj: DeviceBuffer, k: DeviceBuffer, v: DeviceBuffer, q_norm: DeviceBuffer,
                   k_norm: DeviceBuffer, positions: DeviceBuffer, lens: DeviceBuffer, page_table: DeviceBuffer,
                   kv: DeviceBuffer, q: DeviceBuffer, part_o: DeviceBuffer, part_lse: DeviceBuffer,
-                  gate: DeviceBuffer, out: DeviceBuffer, g: AttnGeometry) -> None: ...
+                  gate: DeviceBuffer, out: DeviceBuffer, g: AttnGeometry,
+                  sums: bool = False) -> None: ...  # sums: q_proj, k, v, gate fp32 sums, zeroed by the call
     def argmax(self, x: DeviceBuffer, out: DeviceBuffer, n: int) -> None: ...
     def sample(self, logits: DeviceBuffer, counts: DeviceBuffer, scratch: DeviceBuffer, out: DeviceBuffer, n: int,
                params: Any, u: float) -> None: ...  # out[0] = token, counts[token] += 1
@@ -217,6 +220,7 @@ class CudaOps:
                                f"(groups built: {', '.join(map(str, A.GROUPS))})") from None
             self._attn_decode = A.AttnDecodeFused(load(decode, dev))
             self._attn_combine = A.AttnCombine(load(A.COMBINE_EARLY, dev))
+        self._attn_sums: tuple[Any, Any] | None = None  # loaded when the attention input GEMV accumulates
 
     def _gemv_launcher(self, fmt: str, epilogue: str, tiled: bool = False, norm: bool = False,
                        add: bool = False) -> Any:
@@ -414,17 +418,31 @@ class CudaOps:
             return False
         return True
 
-    def accumulates_gdn_inputs(self, fmt, tiled, k) -> bool:
-        """As `accumulates_gdn_inputs_shape`, with the norm folded and the kernels built for this device."""
-        if not (self.fold_norms and accumulates_gdn_inputs_shape(fmt, tiled, k)):
+    def accumulates_inputs(self, mixer, fmt, tiled, k) -> bool:
+        """As `accumulates_inputs_shape`, with the norm folded and the kernels built for this device."""
+        if not (self.fold_norms and accumulates_inputs_shape(fmt, tiled, k)):
             return False
         try:
             for add in (False, True):
                 self._gemv_launcher(fmt, ACCUMULATE, tiled, True, add)
-            self._gdn_conv_step_launcher(True)
+            if mixer == "gdn":
+                self._gdn_conv_step_launcher(True)
+            else:
+                self._attn_sums_launchers()
         except InfernoError:
             return False
         return True
+
+    def _attn_sums_launchers(self) -> tuple[Any, Any]:
+        """The fused decode and the combine reading fp32 sums (`attn_decode_g<G>_fused_sums`, `attn_combine_sums`)."""
+        if self._attn_sums is None:
+            from inferno.kernels import attn_variants as A
+            from inferno.kernels.cache import load
+
+            name = f"{self._attn_decode.name}_sums"
+            self._attn_sums = (A.AttnDecodeFused(load(A.attn_variant(name), self.device)),
+                               A.AttnCombine(load(A.COMBINE_SUMS, self.device)))
+        return self._attn_sums
 
     def _gdn_conv_step_launcher(self, sums: bool) -> Any:
         """The conv + step kernel reading bf16 inputs, or (`sums`) fp32 sums (loaded on first use)."""
@@ -443,15 +461,18 @@ class CudaOps:
                                            sync, out, 1, k_heads, v_heads, n_slots, eps, stream=self.stream)
 
     def attention(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse, gate,
-                  out, g) -> None:
+                  out, g, sums=False) -> None:
         """Two launches: the decode kernel with the prep folded in, then the combine (its lens and gate
-        loads before its PDL wait: lens is the host's step buffer, the gate two launches back)."""
-        self._attn_decode(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse,
-                          batch=1, n_heads=g.n_heads, n_kv_heads=g.n_kv_heads, table_width=g.pages_per_seq,
-                          splits=g.splits, eps=g.eps, rope_theta=g.rope_theta, scale=g.head_dim ** -0.5,
-                          q_head_stride=g.head_dim, stream=self.stream)
-        self._attn_combine(part_o, part_lse, lens, gate, out, batch=1, n_heads=g.n_heads, splits=g.splits,
-                           gate_head_stride=g.head_dim, stream=self.stream)
+        loads before its PDL wait: lens is the host's step buffer, the gate two launches back); `sums`: both
+        read fp32 sums, which the combine zeroes."""
+        decode, combine = self._attn_sums_launchers() if sums else (self._attn_decode, self._attn_combine)
+        decode(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse,
+               batch=1, n_heads=g.n_heads, n_kv_heads=g.n_kv_heads, table_width=g.pages_per_seq,
+               splits=g.splits, eps=g.eps, rope_theta=g.rope_theta, scale=g.head_dim ** -0.5,
+               q_head_stride=g.head_dim, stream=self.stream)
+        combine(part_o, part_lse, lens, gate, out, batch=1, n_heads=g.n_heads, splits=g.splits,
+                gate_head_stride=g.head_dim, zero=(q_proj, k, v) if sums else None, n_kv_heads=g.n_kv_heads,
+                stream=self.stream)
 
     def argmax(self, x, out, n) -> None:
         if self._argmax is None:

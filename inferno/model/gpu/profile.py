@@ -44,8 +44,8 @@ from inferno.model.config import ModelConfig
 BF16, F32, I32 = 2, 4, 4
 BLOCKING = frozenset({"upload", "download", "synchronize", "close"})  # host waits for the stream
 UNTIMED = frozenset({"alloc", "preload_gemv", "side", "join", "folds_norm", "defers_residual",
-                     "accumulates_gdn_inputs", "marker"})
-# not device work (side / join: stream fork and join; folds_norm, defers_residual, accumulates_gdn_inputs:
+                     "accumulates_inputs", "marker"})
+# not device work (side / join: stream fork and join; folds_norm, defers_residual, accumulates_inputs:
 # questions about the kernels; marker: a wait point)
 HOST_COPIES = frozenset({"write", "read"})  # queued, timed, but never behind a held stream
 OPS_ATTRS = ("ops", "pops")  # where the executor and its programs hold device operations (Ops, PrefillOps)
@@ -349,14 +349,17 @@ class RecordingOps:
         return "attn_prep", Work(3 * I32 + act + 2 * d * BF16 + new_kv, fixed=new_kv + 2 * d * BF16)
 
     def _w_attention(self, q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, part_o, part_lse,
-                     gate, out, g):
-        """The decode kernel (prep folded in: q, k, v in, the new K/V row out) and the combine."""
+                     gate, out, g, sums=False):
+        """The decode kernel (prep folded in: q, k, v in, the new K/V row out) and the combine (`sums`: q, k, v
+        and gate read as fp32 sums and zeroed)."""
         _, prep = self._w_attn_prep(q_proj, k, v, q_norm, k_norm, positions, lens, page_table, kv, q, g)
         d, hq, n = g.head_dim, g.n_heads, self.length
         cache = n * 2 * g.n_kv_heads * kv_vector_bytes(d, self.dtypes.kv)  # as the accounting counts the context
         table = -(-n // 64) * I32
         partial = 2 * g.splits * hq * (d + 1) * F32  # written by the split kernel, read by the combine
         act = 2 * hq * d * BF16  # gate, out
+        if sums:  # q, k, v, gate fp32 read and zeroed instead of bf16 read
+            act += (2 * hq + 2 * g.n_kv_heads) * d * (2 * F32 - BF16)
         return "attention", Work(prep.bytes + table + cache + partial + act, 4 * hq * d * n,
                                  fixed=prep.fixed + cache, launches=2)
 
@@ -482,7 +485,7 @@ def record(executor: Any, run: Callable[[], Any]) -> RecordingOps:
 # ---- device spans of the executor's normal run (graph replay) ----------------------------------------
 HOST_WAITS = frozenset({"synchronize", "download"})  # the host waits for the stream: the open span ends
 SPAN_PASS = frozenset({"alloc", "upload", "preload_gemv", "close", "side", "join", "folds_norm",
-                       "defers_residual", "accumulates_gdn_inputs"})  # not queued stream work
+                       "defers_residual", "accumulates_inputs"})  # not queued stream work
 
 
 class SpanClock:

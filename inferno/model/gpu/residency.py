@@ -211,7 +211,8 @@ def workspace_buffers(config: ModelConfig, pages_per_seq: int, splits: int, seqs
         "res_sums": 6 * c.hidden * FP32,  # deferred residual sums: mixer outputs, downs (layers.py: 2-3 each)
         "normed": c.hidden * BF16,
         "mix_in": max(mix_in, attn_in) * BF16,  # GDN q|k|v|z; attention q|k (merged: q|k|gate|v)
-        "mix_sums": mix_in * FP32 if mix_in else ALIGN,  # GDN q|k|v|z as fp32 sums (accumulating input GEMV)
+        # merged input projections' fp32 sums (accumulating input GEMVs): GDN q|k|v|z, attention q|k|gate|v
+        "mix_sums": max(mix_in, attn_in if merged_attention else 0) * FP32 or ALIGN,
         "gate_value": (q_width + kv_width) * BF16 if separate else ALIGN,  # attention gate | v (separate)
         "ab": 2 * c.gdn_v_heads * BF16 if c.gdn_layers else ALIGN,
         "gdn_sync": c.gdn_k_heads * I32 if c.gdn_layers else ALIGN,  # the fused conv+step's q/k window counters
