@@ -43,6 +43,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
+from cute_kernels.sums import load_bf16, zero_f32
+
 HEAD_DIM = 256
 PAGE = 64
 VEC = 8  # bf16 per 16-byte load
@@ -780,18 +782,6 @@ class AttnDecodeMma:
             mPL[seq, kvh * G + tidx, split] = sM[tidx] + cute.math.log2(sL[tidx], fastmath=False)
 
 
-
-@cute.jit
-def _load_bf16(src: cute.Tensor, dst: cute.Tensor, sums: cutlass.Constexpr):
-    """dst (bf16 registers) <- src: bf16, or (sums) fp32 rounded to bf16 as a GEMV's epilogue rounds it."""
-    if cutlass.const_expr(sums):
-        r = cute.make_rmem_tensor(cute.size(dst), cutlass.Float32)
-        cute.autovec_copy(src, r)
-        dst.store(r.load().to(cutlass.BFloat16))
-    else:
-        cute.autovec_copy(src, dst)
-
-
 def _norm_rope(rX: cute.Tensor, rW: cute.Tensor, rCos: cute.Tensor, rSin: cute.Tensor, eps, partner_lanes: int,
                rY: cute.Tensor):
     """rY = rope(rmsnorm(rX; rW)) for one head held by a warp, 8 dims per lane (as AttnQkPrep): the
@@ -918,12 +908,12 @@ class AttnDecodeFused(AttnDecodeMma):
         rX = cute.make_rmem_tensor((VEC,), dt)
         rN = cute.make_rmem_tensor((VEC,), dt)
         if wid < G:
-            _load_bf16(cute.zipped_divide(mQP[seq, kvh * G + wid, None], (VEC,))[None, lane], rX, self.sums)
+            load_bf16(cute.zipped_divide(mQP[seq, kvh * G + wid, None], (VEC,))[None, lane], rX, self.sums)
         if fresh:
             if wid == WARPS - 1:
-                _load_bf16(cute.zipped_divide(mK[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN, self.sums)
+                load_bf16(cute.zipped_divide(mK[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN, self.sums)
             if wid == WARPS - 2:
-                _load_bf16(cute.zipped_divide(mV[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN, self.sums)
+                load_bf16(cute.zipped_divide(mV[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN, self.sums)
 
         # q_h = hi + lo (as AttnDecodeMma): bf16 hi in row h, the bf16 rounding of q - hi in row 8 + h,
         # rows of heads >= G zero.
@@ -1109,24 +1099,22 @@ class AttnCombineOnline:
             cute.arch.griddepcontrol_launch_dependents()
         rG = cute.make_rmem_tensor((4,), cutlass.BFloat16)
         if grp == 0:  # the gate does not depend on lens: its load goes out first
-            _load_bf16(cute.zipped_divide(mGate[seq, head, None], (4,))[None, col], rG, self.sums)
+            load_bf16(cute.zipped_divide(mGate[seq, head, None], (4,))[None, col], rG, self.sums)
         _, _, used = _pages(mLens[seq], cute.size(mPL, mode=[2]), 0)
         if cutlass.const_expr(self.early):
             cute.arch.griddepcontrol_wait()  # the partials come from the decode kernel
             cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.sums):  # everything the projection GEMV left for this layer has been read
             mQs, mKs, mVs = zero
-            rZ = cute.make_rmem_tensor((4,), cutlass.Float32)
-            rZ.fill(0.0)
             if grp == 0:  # the gate values this thread loaded
-                cute.autovec_copy(rZ, cute.zipped_divide(mGate[seq, head, None], (4,))[None, col])
+                zero_f32(cute.zipped_divide(mGate[seq, head, None], (4,))[None, col])
             if grp == 1:
-                cute.autovec_copy(rZ, cute.zipped_divide(mQs[seq, None], (4,))[None, head * 64 + col])
+                zero_f32(cute.zipped_divide(mQs[seq, None], (4,))[None, head * 64 + col])
             if head < cute.size(mKs, mode=[1]) // HEAD_DIM:
                 if grp == 2:
-                    cute.autovec_copy(rZ, cute.zipped_divide(mKs[seq, None], (4,))[None, head * 64 + col])
+                    zero_f32(cute.zipped_divide(mKs[seq, None], (4,))[None, head * 64 + col])
                 if grp == 3:
-                    cute.autovec_copy(rZ, cute.zipped_divide(mVs[seq, None], (4,))[None, head * 64 + col])
+                    zero_f32(cute.zipped_divide(mVs[seq, None], (4,))[None, head * 64 + col])
 
         smem = cutlass.memory.SmemAllocator()
         sAcc = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.groups, HEAD_DIM), stride=(HEAD_DIM, 1)),

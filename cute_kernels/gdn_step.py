@@ -35,6 +35,8 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from cute_kernels.sums import load_bf16, zero_f32
+
 COLS = 4  # fp32 state columns per lane (one 16-byte access); 32 lanes x 4 = dv
 L2_EPS = 1e-6
 LOG2E = 1.4426950408889634
@@ -467,25 +469,6 @@ def _silu(x):
     return x / (cute.math.exp2(x * -LOG2E, fastmath=True) + 1.0)
 
 
-@cute.jit
-def _load_bf16(src: cute.Tensor, dst: cute.Tensor, sums: cutlass.Constexpr):
-    """dst (bf16 registers) <- src: bf16, or (sums) fp32 rounded to bf16 as a GEMV's epilogue rounds it."""
-    if cutlass.const_expr(sums):
-        r = cute.make_rmem_tensor(cute.size(dst), cutlass.Float32)
-        cute.autovec_copy(src, r)
-        dst.store(r.load().to(cutlass.BFloat16))
-    else:
-        cute.autovec_copy(src, dst)
-
-
-@cute.jit
-def _zero_f32(dst: cute.Tensor):
-    """Zeroes of dst (fp32, global)."""
-    r = cute.make_rmem_tensor(cute.size(dst), cutlass.Float32)
-    r.fill(0.0)
-    cute.autovec_copy(r, dst)
-
-
 class GdnConvStep:
     """GdnConvStepRows with a short dependent chain after the PDL wait.
 
@@ -621,13 +604,13 @@ class GdnConvStep:
         rXqk = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
         if warp < nw:
             # 2. The inputs of this step (one round trip), the q/k conv + SiLU, l2norm scales and q.k.
-            _load_bf16(gXqk, rXqk, self.sums)
+            load_bf16(gXqk, rXqk, self.sums)
             rXv = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
             gXv = cute.zipped_divide(mX[seq, None], (COLS,))[None, v_chunk]
-            _load_bf16(gXv, rXv, self.sums)
+            load_bf16(gXv, rXv, self.sums)
             rZ = cute.make_rmem_tensor((COLS,), cutlass.BFloat16)
             gZ = cute.zipped_divide(mZ[seq, None], (COLS,))[None, head * (dv // COLS) + col_chunk]
-            _load_bf16(gZ, rZ, self.sums)
+            load_bf16(gZ, rZ, self.sums)
             a_in = mA[seq, head].to(cutlass.Float32)
             b_in = mB[seq, head].to(cutlass.Float32)
             acc = rXqk.load().to(cutlass.Float32) * rWqk[None, taps].load().to(cutlass.Float32)
@@ -705,8 +688,8 @@ class GdnConvStep:
             if cutlass.const_expr(self.sums):  # every lane has read its v and z sums: the row-group-0 lanes zero them
                 cute.arch.sync_warp()
                 if rg == 0:
-                    _zero_f32(gXv)
-                    _zero_f32(gZ)
+                    zero_f32(gXv)
+                    zero_f32(gZ)
             if rg == 0:
                 for t in cutlass.range_constexpr(taps - 1):
                     cute.autovec_copy(rTv[None, t + 1],
@@ -737,7 +720,7 @@ class GdnConvStep:
             arrived = cutlass.Int32(0)
             if lane == 0:
                 arrived = _atom_inc_release((mSync.iterator + seq * hk + kh).toint(), (hv // hk) * ns - 1)
-            _load_bf16(gXqk, rXqk, self.sums)
+            load_bf16(gXqk, rXqk, self.sums)
             arrived = cute.arch.shuffle_sync(arrived, 0)
             if arrived == (hv // hk) * ns - 1:  # the counter is back at 0
                 cute.arch.fence_acq_rel_gpu()  # acquire: after every other reader's (released) count
@@ -746,6 +729,6 @@ class GdnConvStep:
                                       cute.zipped_divide(mConvState[slot, t, None], (VEC,))[None, qk_chunk])
                 cute.autovec_copy(rXqk, cute.zipped_divide(mConvState[slot, taps - 1, None], (VEC,))[None, qk_chunk])
                 if cutlass.const_expr(self.sums):  # every reader of the key head's q/k sums has read them
-                    _zero_f32(gXqk)
+                    zero_f32(gXqk)
             if cutlass.const_expr(ns > 1):
                 cute.arch.cluster_wait()
