@@ -42,7 +42,8 @@ _Q = Tensor("q", "f32", ("B", "Hq", _D), ("q_sb", _D, 1))
 # deferred projections (`_sums` variants): q_proj, k, v and gate as an accumulating GEMV's fp32 sums
 _QP_SUMS = Tensor("q_proj", "f32", ("B", "Hq", _D), ("qp_sb", "qp_sh", 1))
 _GATE_SUMS = Tensor("gate", "f32", ("B", "Hq", _D), ("gate_sb", "gate_sh", 1))
-_ZEROED = (Tensor("q_sums", "f32", ("B", "QD"), ("qs_stride", 1)), Tensor("k_sums", "f32", ("B", "KD"), ("ks_stride", 1)),
+_ZEROED = (Tensor("q_sums", "f32", ("B", "QD"), ("qs_stride", 1)),
+           Tensor("k_sums", "f32", ("B", "KD"), ("ks_stride", 1)),
            Tensor("v_sums", "f32", ("B", "KD"), ("vs_stride", 1)))
 _LENS = Tensor("lens", "i32", ("B",), (1,), align=4)
 _PT = Tensor("page_table", "i32", ("B", "P"), ("pt_stride", 1), align=4)
