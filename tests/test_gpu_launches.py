@@ -147,8 +147,10 @@ def test_every_decode_launch_passes_the_launchers(dry):
         # the input projections: one GEMV of the merged matrix (INFERNO_MERGE_PROJ=1, the default), else two
         inputs = ["gemv_mma"] if ex.plan.merge else ["gemv_mma", "gemv_mma"]
         per_gdn = ["gemv_bf16_t1_n", *inputs, "gdn_conv_step", "gemv_mma", "gemv_mma", "gemv_mma"]
-        # attention: the decode kernel with the prep folded in, then the combine (its early-loading variant)
-        per_attn = [*inputs, "attn_decode_g", "attn_combine_early", "gemv_mma", "gemv_mma", "gemv_mma"]
+        # attention: the decode kernel with the prep folded in, then the combine (its early-loading variant, or the
+        # one reading and zeroing the input GEMV's sums when that GEMV accumulates)
+        combine = "attn_combine_sums" if ex.program.attn_sums else "attn_combine_early"
+        per_attn = [*inputs, "attn_decode_g", combine, "gemv_mma", "gemv_mma", "gemv_mma"]
         want = ["embedding"]
         for kind in c.layer_types:
             want += per_attn if kind == "full_attention" else per_gdn
