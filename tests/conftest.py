@@ -38,3 +38,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def kernel_builds(tmp_path_factory):
+    """build(variants, archs) -> one kernel directory for the whole session holding current cubins of those
+    (variant, arch) pairs: a variant several modules need is compiled once (2 cores: builds dominate the suite)."""
+    root = tmp_path_factory.mktemp("kernels")
+
+    def build(variants, archs) -> "os.PathLike":
+        pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
+        from inferno.kernels.cache import ensure_built
+
+        for arch in archs:
+            for v in variants:
+                if arch in v.archs:
+                    ensure_built(v, arch, root)
+        return root
+
+    return build

@@ -65,7 +65,7 @@ def artifact(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dry(artifact, tmp_path_factory):
+def dry(artifact, kernel_builds):
     """A GpuExecutor on DryOps, and the list of its launches (kernel name, grid)."""
     from inferno.cuda.params import PackedParams, ParamLayout, ParamSpec
     from inferno.kernels import (attn_variants, cache, gdn_variants, gemv_mma_variants, gemv_variants, launchers,
@@ -74,7 +74,7 @@ def dry(artifact, tmp_path_factory):
     from inferno.model.gpu import GpuExecutor
     from inferno.model.gpu.residency import gemv_kinds
 
-    root = tmp_path_factory.mktemp("kernels")
+    root = kernel_builds([], [])  # the session's kernel directory: what load() builds, other modules reuse
     launches: list[tuple[str, tuple]] = []
     mp = pytest.MonkeyPatch()
 

@@ -24,13 +24,8 @@ PAIRS = [(v.name, a) for v in av.ATTN_VARIANTS for a in v.archs]
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
-    from inferno.kernels.build import build_all
-
-    root = tmp_path_factory.mktemp("attn_kernels")
-    build_all(list(av.ATTN_VARIANTS), list(ARCHS), root, progress=None)
-    return root
+def built(kernel_builds):
+    return kernel_builds(av.ATTN_VARIANTS, ARCHS)
 
 
 def _manifest(root, name, arch) -> Manifest:

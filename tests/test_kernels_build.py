@@ -23,11 +23,9 @@ PAIRS = [(v.name, a) for v in VARIANTS for a in v.archs]
 
 
 @pytest.fixture(scope="session")
-def built(tmp_path_factory):
-    """Build every (variant, arch) once for the whole test session."""
-    root = tmp_path_factory.mktemp("kernels")
-    kbuild.build_all(list(VARIANTS), list(ARCHS), root, progress=None)
-    return root
+def built(kernel_builds):
+    """Every (variant, arch), built once for the whole test session (conftest.kernel_builds)."""
+    return kernel_builds(VARIANTS, ARCHS)
 
 
 def _manifest(root, name, arch) -> Manifest:

@@ -223,13 +223,8 @@ def test_variant_and_format_mapping():
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
-    from inferno.kernels import build as kbuild
-
-    root = tmp_path_factory.mktemp("nvfp4_tiled_kernels")
-    kbuild.build_all([pv.prefill_variant(NAME)], list(ARCHS), root, progress=None)
-    return root
+def built(kernel_builds):
+    return kernel_builds([pv.prefill_variant(NAME)], ARCHS)
 
 
 def _loaded(root, arch="sm_90a"):

@@ -118,13 +118,8 @@ def _xor_span(offsets) -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
-    from inferno.kernels import build as kbuild
-
-    root = tmp_path_factory.mktemp("gdn_kernels")
-    kbuild.build_all(list(GDN_VARIANTS), list(ARCHS), root, progress=None)
-    return root
+def built(kernel_builds):
+    return kernel_builds(GDN_VARIANTS, ARCHS)
 
 
 def _manifest(root, name, arch) -> Manifest:

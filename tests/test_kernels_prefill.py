@@ -514,13 +514,8 @@ def test_variants_are_distinct():
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
-    from inferno.kernels import build as kbuild
-
-    root = tmp_path_factory.mktemp("prefill_kernels")
-    kbuild.build_all(list(pv.PREFILL_VARIANTS), list(ARCHS), root, progress=None)
-    return root
+def built(kernel_builds):
+    return kernel_builds(pv.PREFILL_VARIANTS, ARCHS)
 
 
 def _manifest(root, name, arch) -> Manifest:
