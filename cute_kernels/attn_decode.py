@@ -1057,20 +1057,16 @@ class AttnCombineOnline:
     written by the kernels just before it (the host's step buffer) and whose gate was written at least
     two launches back (the gate GEMV before the decode kernel).
 
-    `sums` (with `early`): the gate is fp32, the sums of an accumulating projection GEMV (rounded to bf16 as its
-    epilogue would round them), and the CTA of head h zeroes what that GEMV left for this layer once it has been
-    read: its gate (by the threads that loaded it), q head h, and for h < Hkv k and v head h (all read by the
-    decode kernel, complete when the wait returns), so the next accumulating GEMV adds into zeros."""
+    `AttnCombineSums` (below) is the same with the gate from an accumulating GEMV's fp32 sums, which it zeroes."""
 
-    def __init__(self, groups: int = 8, unroll: int = 8, early: bool = False, sums: bool = False):
+    sums = False  # AttnCombineSums: the gate fp32, the GEMV's sums zeroed
+
+    def __init__(self, groups: int = 8, unroll: int = 8, early: bool = False):
         if groups not in (1, 2, 4, 8):
             raise ValueError("groups must be 1, 2, 4 or 8")
-        if sums and not (early and groups >= 4):
-            raise ValueError("sums: early combine with at least 4 groups (256 threads zero q, k and v)")
         self.groups = groups
         self.unroll = unroll
         self.early = early
-        self.sums = sums
         self.threads = 64 * groups
 
     @cute.jit
@@ -1177,11 +1173,18 @@ class AttnCombineOnline:
 
 
 class AttnCombineSums(AttnCombineOnline):
-    """`AttnCombineOnline` (early) reading the gate from an accumulating projection GEMV's fp32 sums and zeroing
-    what that GEMV left for the layer: the gate, q, k and v sums (see AttnCombineOnline, `sums`)."""
+    """`AttnCombineOnline` (early) after an accumulating projection GEMV: the gate is fp32, that GEMV's sums
+    (rounded to bf16 as its epilogue would round them), and once the PDL wait returns (the decode kernel, the
+    reader of q, k and v, has completed) the CTA of head h zeroes what the GEMV left for this layer: its gate (by
+    the threads that loaded it), q head h, and for h < Hkv k and v head h, so the next accumulating GEMV adds
+    into zeros."""
+
+    sums = True
 
     def __init__(self, groups: int = 8, unroll: int = 8):
-        super().__init__(groups, unroll, early=True, sums=True)
+        if groups < 4:
+            raise ValueError("groups must be 4 or 8 (the zeroing takes 4 groups of 64 threads)")
+        super().__init__(groups, unroll, early=True)
 
     @cute.jit
     def __call__(self, mPO: cute.Tensor, mPL: cute.Tensor, mLens: cute.Tensor, mGate: cute.Tensor,
