@@ -124,3 +124,48 @@ def test_add_members(device, rng, fmt):
                                  "plain" if acc else epi, None, np.arange(m))[0]
         err = rel_error(y, want.astype(np.float32))
         assert err <= (1e-4 if acc else BF16_TOL), f"{what}: rel err {err:.2e}"
+
+
+LO_CASES = ((24, 40, 192), (16, 986, 200), (4096, 12288, 5120), (7168, 7168, 5120))  # Q4 rows, wider rows, K
+
+
+@pytest.mark.parametrize("fmt", ["Q5G64_F16S"])
+@pytest.mark.parametrize("add", [False, True])
+def test_lo4_members(device, rng, fmt, add):
+    """The merged input projections' `_acc_n` / `_acc_na` (Q5, `lo4`) with lo_rows: over a stack of a Q4 part
+    and a wider one (merge.stack_rows), y fp32 += the stack's values times rmsnorm(x); over wider codes only, the
+    tiles wholly below lo_rows read their base nibbles alone (qlayout.reference's lo_rows), the rest whole: the
+    member skips exactly those tiles' high bits. The 27B's GDN and attention stacks included."""
+    from inferno.model.gpu.merge import stack_rows
+
+    kern = mv.GemvMma.load(mv.variant_name(fmt, mv.ACCUMULATE, 1, norm=True, add=add), device)
+    for n4, nw, k in LO_CASES:
+        n = n4 + nw
+        _, stacked, _ = stack_rows([("Q4G64_F16S", ql.random_payload("Q4G64_F16S", n4, k, rng), (n4, k)),
+                                    (fmt, ql.random_payload(fmt, nw, k, rng), (nw, k))])
+        for what, pay, ref_lo in (("stack", stacked, 0), ("wide codes", ql.random_payload(fmt, n, k, rng),
+                                                            n4 // 16 * 16)):
+            x = (rng.standard_normal((1, k), np.float32) * 4 + 1).astype(bf16)
+            nw_ = (rng.standard_normal(k, np.float32) * 0.2).astype(bf16)
+            s = (rng.standard_normal(k) * 3).astype(np.float32)
+            y0 = rng.standard_normal(n).astype(np.float32)
+            dw = to_device(None, tile(fmt, pay, n, k), "w tiled")
+            dx, dnw, ds = to_device(None, x, "x"), to_device(None, nw_, "nw"), to_device(None, s, "s")
+            dxo, dz, dy = _guarded(2 * k, "xo"), _guarded(4 * k, "z"), _guarded(4 * n, "y")
+            try:
+                h2d(dy, y0)
+                extra = {"add": mv.Addend(ds, dxo, dz)} if add else {}
+                kern(dw, dx, dy, n, k, 1, norm=(dnw, 1e-6), lo_rows=n4, **extra)
+                raw = from_device(dy, np.uint8, (4 * n + GUARD,))
+            finally:
+                for b in (dw, dx, dnw, ds, dxo, dz, dy):
+                    b.free()
+            label = f"{fmt} acc_n{'a' if add else ''} {what} [{n4} + {nw}, {k}]"
+            assert np.all(raw[4 * n:] == 0xFF), f"{label}: guard tail written"
+            x_in = (x[0].astype(np.float32) + s).astype(bf16)[None] if add else x
+            want = y0 + ql.reference(fmt, pay, n, k, rms_normed(x_in, nw_, 1e-6).astype(np.float32), "plain", None,
+                                     np.arange(n), lo_rows=ref_lo)[0]
+            err = rel_error(raw[:4 * n].view(np.float32), want.astype(np.float32))
+            assert err <= 1e-4, f"{label}: rel err {err:.2e}"
+    with pytest.raises(LaunchError, match="lo_rows"):
+        kern.sk(None, None, None, 32, 128, 1, lo_rows=33)
