@@ -67,23 +67,13 @@ def pairs_q4(ops, w0, w1):
     return [tuple(ops.band_xor(_shift(ops, w, -4 * m), FIELD, k) for w in (w0, w1)) for m in range(4)]
 
 
-def high_q4(ops, w):
-    """The Q5 hd word (see pairs_q5) of a word of Q4 codes read as Q5: each code's sign bit (bit 3 of its
-    nibble) as its high bit. (w >> 3) & 0x11111111 leaves nibble c's sign at bit 4c; times 0x249 (bits 0, 3,
-    6, 9) every bit lands at a bit of its own, no carries, codes 0-3 at bits 9-12 and 4-7 at 25-28."""
-    return ops.shr(ops.imul(ops.band(ops.shr(w, 3), 0x11111111), 0x249), 9)
-
-
-def pairs_q5(ops, w0, w1, hh, lo=None):
+def pairs_q5(ops, w0, w1, hh):
     """Q5: as Q4, plus the high bit (bit c of hh for code c) at bits 4 and 20, flipped:
     A = 128 + nib + 16 (1 - b) = code + 144. hd = byte * 0x1001 puts code c at bit c and
-    code c + 4 at bit 16 + c, so one shift aligns both. `lo` (a mask, all ones or zero): where set, the
-    words hold Q4 codes and their sign bits replace hh (`high_q4`): the same A, no high bits read."""
+    code c + 4 at bit 16 + c, so one shift aligns both."""
     k = ops.c(0x43104310)
     out = []
     hd = [ops.imul(ops.band(hh, 0xFF), 0x1001), ops.imul(ops.band(ops.shr(hh, 8), 0xFF), 0x1001)]
-    if lo is not None:
-        hd = [ops.sel(lo, high_q4(ops, w), h) for w, h in zip((w0, w1), hd)]
     for m in range(4):
         regs = []
         for w, h in zip((w0, w1), hd):
@@ -162,13 +152,6 @@ def _lop(a, b: int, c, lut: int, *, loc=None, ip=None) -> cutlass.Int32:
 
 
 @dsl_user_op
-def _lop3(a, b, c, lut: int, *, loc=None, ip=None) -> cutlass.Int32:
-    """lop3.b32 of three registers."""
-    args = [cutlass.Int32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)]
-    return cutlass.Int32(_asm(T.i32(), args, f"lop3.b32 $0, $1, $2, $3, {lut:#x};", "=r,r,r,r", loc, ip))
-
-
-@dsl_user_op
 def _mul16(a, *, loc=None, ip=None) -> cutlass.Int32:
     """A bf16x2 word times 16 (exact)."""
     args = [cutlass.Int32(a).ir_value(loc=loc, ip=ip), cutlass.Int32(0x41804180).ir_value(loc=loc, ip=ip)]
@@ -225,10 +208,6 @@ class DslOps:
     @staticmethod
     def imul(v, m: int):
         return v * m
-
-    @staticmethod
-    def sel(m, a, b):
-        return _lop3(m, a, b, 0xCA)  # (m & a) | (~m & b)
 
     @staticmethod
     def prmt(a, b, sel: int):
@@ -805,9 +784,8 @@ class GemvMma:
                 nb0 + cutlass.min(2 * t + 1, t_rows - 1) * self.ngmax * 4)
 
     @cute.jit
-    def _compute(self, ops, kb, bufs, acc, sl, st, p, xsr, lo=None):
-        """The mmas of the group pair p in stage st, into acc. `lo` (Q5; an Int32 mask, all ones or zero; None:
-        zero): the block holds Q4 codes widened to Q5, read without their high bits (`pairs_q5`)."""
+    def _compute(self, ops, kb, bufs, acc, sl, st, p, xsr):
+        """The mmas of the group pair p in stage st, into acc."""
         wb, hbuf, sb, xb = bufs
         for q in cutlass.range_constexpr(2):
             if cutlass.const_expr(self.xs):
@@ -826,22 +804,22 @@ class GemvMma:
                 for mk in bias_steps(self.bits):
                     nb = _mma((kb, kb, kb, kb), bregs[mk], nb)
             for b in cutlass.range_constexpr(len(sl)):
-                a0 = self._pairs(ops, wb[0, q, b, st], wb[1, q, b, st], hbuf, 0, q, b, st, lo)
-                a1 = self._pairs(ops, wb[2, q, b, st], wb[3, q, b, st], hbuf, 1, q, b, st, lo)
+                lo = self._pairs(ops, wb[0, q, b, st], wb[1, q, b, st], hbuf, 0, q, b, st)
+                hi = self._pairs(ops, wb[2, q, b, st], wb[3, q, b, st], hbuf, 1, q, b, st)
                 d = nb
                 for mk in cutlass.range_constexpr(4):
-                    d = _mma((a0[mk][0], a1[mk][0], a0[mk][1], a1[mk][1]), bregs[mk], d)
+                    d = _mma((lo[mk][0], hi[mk][0], lo[mk][1], hi[mk][1]), bregs[mk], d)
                 for h in cutlass.range_constexpr(2):
                     sc = _f16_f32(sb[q, b, st], h)
                     for e in cutlass.range_constexpr(1 if self.cols == 1 else 2):  # T = 1: column 0 only
                         acc[2 * h + e, sl[b]] = acc[2 * h + e, sl[b]] + sc * d[2 * h + e]
 
-    def _pairs(self, ops, w0, w1, hbuf, h, q, s, st, lo=None):
-        """The A words per k-step of row g (h = 0) or g + 8 (h = 1) of group q of slot s (`lo`: see _compute)."""
+    def _pairs(self, ops, w0, w1, hbuf, h, q, s, st):
+        """The A words per k-step of row g (h = 0) or g + 8 (h = 1) of group q of slot s."""
         if cutlass.const_expr(self.bits == 4):
             return pairs_q4(ops, w0, w1)
         if cutlass.const_expr(self.bits == 5):
-            return pairs_q5(ops, w0, w1, hbuf[0, q, s, st] >> (16 * h), lo)
+            return pairs_q5(ops, w0, w1, hbuf[0, q, s, st] >> (16 * h))
         if cutlass.const_expr(self.bits == 6):
             return pairs_q6(ops, w0, w1, hbuf[h, q, s, st])
         return pairs_w8(ops, w0, w1)

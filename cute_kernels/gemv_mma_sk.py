@@ -22,11 +22,6 @@ run costs no round trip there); the warp that brings a counter to `pairs` acquir
 the sums back while zeroing them (`atom.exch`), applies the epilogue, stores y and zeroes the
 counter, so `ws` is all zero again after every launch.
 
-`GemvMmaSKLo` / `GemvMmaSKAddLo` (Q5, the merged input projections' `_acc_n` / `_acc_na`) take `lo`, the tiles
-from tile 0 that hold Q4 codes (a merged stack's Q4 first part, widened exactly): their blocks copy no high bits
-and take each code's sign bit in their place (`pairs_q5`'s `lo` mask, no branch), so the launch reads the
-stack's artifact bytes; the runs split the blocks by their bytes (`run_start`), not their count.
-
 ws layout (int32 words): counters [align_up(units, 32)], then fp32 sums [cols, Nw] (Nw = rows of
 W: M, swiglu 2 I). The launcher owns and zeroes it once.
 
@@ -118,26 +113,6 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
     return ok
 
 
-def pair_cost(hw: int) -> int:
-    """Bytes of one (tile, group pair) block in 64-byte units: base 1024, high 256 hw, scales 64."""
-    return 17 + 4 * hw
-
-
-def run_start(wg, nwarps, nblk, nlo, c_lo, c_hi):
-    """First block of warp wg's run when the nblk blocks split evenly by cost, the first nlo costing c_lo each,
-    the rest c_hi (plain integer arithmetic: Python / numpy ints or DSL Int64; wg = nwarps gives nblk)."""
-    w = wg * (c_lo * nlo + c_hi * (nblk - nlo)) // nwarps
-    return _imin(w // c_lo, nlo) + _imax(w - c_lo * nlo, 0) // c_hi
-
-
-def _imin(a, b):
-    return cutlass.min(a, b) if isinstance(a, cutlass.Int64) or isinstance(b, cutlass.Int64) else min(a, b)
-
-
-def _imax(a, b):
-    return cutlass.max(a, b) if isinstance(a, cutlass.Int64) or isinstance(b, cutlass.Int64) else max(a, b)
-
-
 PROBES = ("", "nochain", "empty", "timeline", "nocompute", "nostage", "bare")  # benchmark only (wrong results / extra writes)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
@@ -217,10 +192,9 @@ class GemvMmaSK(GemvMma):
 
     @cute.jit
     def body(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
-             mN: cute.Tensor, eps, smem, ring=None, add=None, lo=None):
+             mN: cute.Tensor, eps, smem, ring=None, add=None):
         """The whole GEMV in the calling kernel: x staged from `smem` (`add`: see GemvMma.xs_smem), the ring
-        `ring` (an Int32 shared tensor of at least ring_bytes(); None: allocated from `smem` after x); `lo`
-        (plain / accumulate, the ring): the tiles from tile 0 whose codes are Q4 (None: none)."""
+        `ring` (an Int32 shared tensor of at least ring_bytes(); None: allocated from `smem` after x)."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
@@ -235,12 +209,6 @@ class GemvMmaSK(GemvMma):
         wg = bidx * self.warps + warp
         b0 = cutlass.Int32(cutlass.Int64(wg) * nblk // nwarps)
         b1 = cutlass.Int32(cutlass.Int64(wg + 1) * nblk // nwarps)
-        if cutlass.const_expr(lo is not None):  # split by bytes: a Q4 block carries no high bits
-            lo = cutlass.min(cutlass.max(lo, 0), n_units)
-            nlo = cutlass.Int64(lo) * npairs
-            c_lo, c_hi = self.lo_cost, pair_cost(self.hw)
-            b0 = cutlass.Int32(run_start(cutlass.Int64(wg), nwarps, cutlass.Int64(nblk), nlo, c_lo, c_hi))
-            b1 = cutlass.Int32(run_start(cutlass.Int64(wg + 1), nwarps, cutlass.Int64(nblk), nlo, c_lo, c_hi))
 
         xsd = self.xs_smem(smem, mX, mN, eps, add)
         own = ring is None  # a caller passing the ring owns the shared-memory layout: no padding then
@@ -259,7 +227,7 @@ class GemvMmaSK(GemvMma):
             cnt = mWs.iterator.toint()
             part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
-               self._out_scale(mW, n_tiles, ngr), lo)
+               self._out_scale(mW, n_tiles, ngr))
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
@@ -350,9 +318,6 @@ class GemvMmaSK(GemvMma):
                 if i < n:
                     if cutlass.const_expr(self.probe == "nocompute"):
                         pass
-                    elif cutlass.const_expr(self.cpa and geo[14] is not None):  # lo: Q4 tiles' codes, a mask
-                        self._ring_to_regs(geo, bufs, nb, s)
-                        self._compute(ops, kb, bufs, acc, sl, 0, p, xsr, cutlass.Int32(0) - cutlass.Int32(u < geo[14]))
                     elif cutlass.const_expr(self.cpa):
                         self._ring_to_regs(geo, bufs, nb, s)
                         self._compute(ops, kb, bufs, acc, sl, 0, p, xsr)
@@ -410,8 +375,8 @@ class GemvMmaSK(GemvMma):
     def _load_cpa(self, geo, sl, u, p, st):
         """cp.async pair p of unit u's tile slots sl into ring stage st, 16 bytes a lane: each lane its 16
         base bytes per group at 512 q + 16 lane; the pair's high bytes (256 hw, contiguous in the image) by
-        lanes < 16 hw at 1024 + 16 lane (none for a tile below geo's `lo`); its scale run (`scale_run` bytes) by
-        the next lanes at 1024 + 256 hw + 16 lane."""
+        lanes < 16 hw at 1024 + 16 lane; its scale run (`scale_run` bytes) by the next lanes at
+        1024 + 256 hw + 16 lane."""
         w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
         tiles = self._tiles(u, m, n_tiles)
         base = w_ptr.toint()
@@ -423,20 +388,12 @@ class GemvMmaSK(GemvMma):
                 _cp_async(d + 512 * q + 16 * lane, base + base_offset(tile, 2 * p + q, ngr, lane), 16)
             if cutlass.const_expr(self.hw > 0):
                 if lane < 16 * self.hw:
-                    if cutlass.const_expr(geo[14] is None):
-                        self._cp_high(d, base, high, tile, p, ngr, lane)
-                    else:
-                        if tile >= geo[14]:
-                            self._cp_high(d, base, high, tile, p, ngr, lane)
+                    _cp_async(d + 1024 + 16 * lane, base + high_offset(self.bits, high, tile, 2 * p, ngr, 0) + 16 * lane,
+                              16)
             sl0 = 16 * self.hw % 32  # Q6's high bytes take every lane: its scales start again at lane 0
             if lane >= sl0 and lane < sl0 + run // 16:
                 _cp_async(d + 1024 + 256 * self.hw + 16 * (lane - sl0),
                           base + self._scale_off(scale, tile, p, ngr, 0) + 16 * (lane - sl0), 16)
-
-    @cute.jit
-    def _cp_high(self, d, base, high, tile, p, ngr, lane):
-        """cp.async this lane's 16 bytes of the high bits of group pair p of `tile` into the ring slot at d."""
-        _cp_async(d + 1024 + 16 * lane, base + high_offset(self.bits, high, tile, 2 * p, ngr, 0) + 16 * lane, 16)
 
     def scale_run(self) -> int:
         """Bytes of a group pair's scales in the image (contiguous; lanes of a quad may share them)."""
@@ -445,8 +402,7 @@ class GemvMmaSK(GemvMma):
     @cute.jit
     def _ring_to_regs(self, geo, bufs, nb, st):
         """This lane's words of ring stage st into the single register stage (lanes read bytes other lanes
-        copied: a warp barrier after the cp.async wait, and one after the reads before the slot is refilled;
-        a Q4 tile's high words are stale bytes, which its decode does not use)."""
+        copied: a warp barrier after the cp.async wait, and one after the reads before the slot is refilled)."""
         lane = geo[5]
         wb, hbuf, sb, _ = bufs
         cute.arch.sync_warp()
@@ -566,52 +522,3 @@ class GemvMmaSKAdd(GemvMmaSK):
     def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
                mN: cute.Tensor, eps, mS: cute.Tensor, mXo: cute.Tensor, mZ: cute.Tensor):
         self.body(mW, mX, mR, mY, mWs, mN, eps, cutlass.memory.SmemAllocator(), add=(mS, mXo, mZ))
-
-
-class GemvMmaSKLo(GemvMmaSK):
-    """GemvMmaSK (Q5 / Q6, plain or accumulate, the ring) taking `lo` (Int32): the launch's first lo tiles hold
-    Q4 codes, read without high bits (see the module docstring)."""
-
-    def __init__(self, *args, lo4: bool = True, lo_cost: int = 0, **kw):
-        super().__init__(*args, **kw)
-        _check_lo4(self, lo4)
-        self.lo_cost = lo_cost or pair_cost(0)
-
-    @cute.jit
-    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
-                 mN: cute.Tensor, eps, lo: cutlass.Int32, stream: cuda.CUstream):
-        self.kernel(mW, mX, mR, mY, mWs, mN, eps, lo).launch(grid=(264, 1, 1), block=(self.threads, 1, 1),
-                                                             stream=stream, min_blocks_per_mp=self.ctas,
-                                                             preferred_smem_carveout=-1)
-
-    @cute.kernel
-    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
-               mN: cute.Tensor, eps, lo: cutlass.Int32):
-        self.body(mW, mX, mR, mY, mWs, mN, eps, cutlass.memory.SmemAllocator(), lo=lo)
-
-
-class GemvMmaSKAddLo(GemvMmaSKAdd):
-    """GemvMmaSKAdd taking `lo` as GemvMmaSKLo does (the merged input projection after a deferred residual)."""
-
-    def __init__(self, *args, lo4: bool = True, lo_cost: int = 0, **kw):
-        super().__init__(*args, **kw)
-        _check_lo4(self, lo4)
-        self.lo_cost = lo_cost or pair_cost(0)
-
-    @cute.jit
-    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
-                 mN: cute.Tensor, eps, mS: cute.Tensor, mXo: cute.Tensor, mZ: cute.Tensor, lo: cutlass.Int32,
-                 stream: cuda.CUstream):
-        self.kernel(mW, mX, mR, mY, mWs, mN, eps, mS, mXo, mZ, lo).launch(
-            grid=(264, 1, 1), block=(self.threads, 1, 1), stream=stream, min_blocks_per_mp=self.ctas,
-            preferred_smem_carveout=-1)
-
-    @cute.kernel
-    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
-               mN: cute.Tensor, eps, mS: cute.Tensor, mXo: cute.Tensor, mZ: cute.Tensor, lo: cutlass.Int32):
-        self.body(mW, mX, mR, mY, mWs, mN, eps, cutlass.memory.SmemAllocator(), add=(mS, mXo, mZ), lo=lo)
-
-
-def _check_lo4(k: GemvMmaSK, lo4: bool) -> None:
-    if not lo4 or k.bits != 5 or not k.cpa or k.epilogue not in ("plain", "accumulate") or k.probe:
-        raise ValueError("lo4: Q5 plain or accumulate members with the ring, no probe")

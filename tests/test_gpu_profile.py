@@ -91,15 +91,15 @@ def test_step_bytes_match_the_accounting(artifact, ex, acct):
         # The GPU keeps the embedding table dequantized to bf16: its row is 2 * hidden bytes,
         # the accounting's the artifact's stored row.
         emb = 2 * ex.config.hidden - acct.weight_bytes["embedding_row"]
-        # Merged input projections: the device's stack holds the Q4 half at the wider width, but the accumulating
-        # (`lo4`) GEMVs read its rows as Q4, so the profile counts the artifact's bytes, as the accounting does.
+        # Merged input projections: the device's stack holds the narrower half at the wider width; the
+        # profile counts those bytes, the accounting the artifact's.
         a, *_ = open_checked(artifact)
         try:
             wider = sum(p.nbytes - sum(len(a.tensor_bytes(s)) for s in p.sources) for p in ex.plan.placements if p.merged)
         finally:
             a.close()
         assert (wider > 0) == ex.plan.merge  # tiny-dense: Q4 query_key halves under Q5 value_z / gate_value
-        assert rec.fixed_bytes() == acct.decode_step_bytes(context) + emb
+        assert rec.fixed_bytes() == acct.decode_step_bytes(context) + emb + wider
         total = sum(t.bytes for t in rec.times())
         assert acct.decode_step_bytes(context) < total < 1.1 * acct.decode_step_bytes(context)
         attn = next(t for t in rec.times() if t.kernel == "attention")

@@ -54,10 +54,6 @@ class NumpyOps:
         return (v.astype(np.uint64) * m & 0xFFFFFFFF).astype(np.uint32)
 
     @staticmethod
-    def sel(m, a, b):
-        return (a & m) | (b & ~m)
-
-    @staticmethod
     def prmt(a, b, sel):
         src = np.stack([(a >> np.uint32(8 * i)) & 0xFF for i in range(4)]
                        + [(b >> np.uint32(8 * i)) & 0xFF for i in range(4)])
@@ -449,76 +445,8 @@ def test_deferred_members(tmp_path):
     assert "ATOM" in n and "STG.E.128" in n and "HMMA" in n
 
 
-@pytest.mark.parametrize("nblk,nlo,nwarps", [(40960, 10240, 2112), (40960, 0, 2112), (40960, 40960, 2112),
-                                             (35840, 17920, 2112), (7, 3, 16), (5, 5, 64), (1000, 999, 7)])
-@pytest.mark.parametrize("hw", [1, 2])
-def test_stream_k_runs_split_by_bytes(nblk, nlo, nwarps, hw):
-    """`run_start` (the lo4 members' split): the warps' runs tile [0, nblk) in order, and each run's cost (Q4
-    blocks c_lo, the rest c_hi) is within one block of an even share; with no Q4 block it is the plain split."""
-    from cute_kernels.gemv_mma_sk import pair_cost, run_start
-
-    c_lo, c_hi = pair_cost(0), pair_cost(hw)
-    assert (c_lo, pair_cost(1), pair_cost(2)) == (17, 21, 25)  # 1088, 1344, 1600 bytes a block
-    starts = [run_start(w, nwarps, nblk, nlo, c_lo, c_hi) for w in range(nwarps + 1)]
-    assert starts[0] == 0 and starts[-1] == nblk and all(a <= b for a, b in zip(starts, starts[1:]))
-    cost = np.array([c_lo * (min(b, nlo) - min(a, nlo)) + c_hi * (max(b, nlo) - max(a, nlo))
-                     for a, b in zip(starts, starts[1:])])
-    share = (c_lo * nlo + c_hi * (nblk - nlo)) / nwarps
-    assert np.all(np.abs(cost - share) <= c_hi)
-    if nlo == 0:
-        assert starts == [w * nblk // nwarps for w in range(nwarps + 1)]
-
-
-def test_q4_words_decode_as_q5_without_high_bits():
-    """pairs_q5 with the `lo` mask set reads Q4 code words (every code -8..7 at every nibble) as the Q5 decode
-    of the same codes widened: A = code + 144, from the words' sign bits, whatever hh holds; with the mask clear
-    it is pairs_q5 of hh."""
-    from cute_kernels.gemv_mma import pairs_q5
-
-    rng = np.random.default_rng(5)
-    ops = NumpyOps()
-    codes = rng.integers(-8, 8, (2, 32, 8))
-    codes[0, 0] = np.arange(-8, 0)
-    codes[1, 0] = np.arange(0, 8)
-    w0, w1 = [np.bitwise_or.reduce((codes[i] & 15).astype(np.uint32) << (4 * np.arange(8, dtype=np.uint32)), axis=1)
-              for i in range(2)]
-    junk = rng.integers(0, 2 ** 32, 32, dtype=np.uint64).astype(np.uint32)
-    got = pairs_q5(ops, w0, w1, junk, lo=ops.c(0xFFFFFFFF))
-    for m in range(4):
-        for i in range(2):
-            lo, hi = _halves(got[m][i])
-            np.testing.assert_array_equal(lo, codes[i][:, m] + 144)
-            np.testing.assert_array_equal(hi, codes[i][:, m + 4] + 144)
-    plain = pairs_q5(ops, w0, w1, junk)
-    for a, b in zip(pairs_q5(ops, w0, w1, junk, lo=ops.c(0)), plain):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def test_lo4_members():
-    """The merged input projections' `_acc_n` / `_acc_na` members of Q5 take `lo` last (Q4 and Q6 have none),
-    their launch reads the image less the Q4 tiles' high bits; lo4 is refused where it cannot hold."""
-    for fmt, lo4 in (("Q4G64_F16S", False), ("Q5G64_F16S", True), ("Q6G64_F16S", False)):
-        for add in (False, True):
-            v = mv.gemv_mma_variant(mv.variant_name(fmt, mv.ACCUMULATE, 1, norm=True, add=add) + "_sk")
-            assert bool(v.config.get("lo4")) == lo4 and (v.args[-1].name == "lo") == lo4
-            assert v.cls == ("GemvMmaSKAdd" if add else "GemvMmaSK") + ("Lo" if lo4 else "")
-    assert not any(v.config.get("lo4") for v in mv.GEMV_MMA_VARIANTS if not v.config.get("norm")
-                   or v.config["epilogue"] != mv.ACCUMULATE)
-    for bad in (dict(fmt="Q4G64_F16S", epilogue=mv.ACCUMULATE), dict(fmt="Q6G64_F16S", epilogue=mv.ACCUMULATE),
-                dict(fmt="Q5G64_F16S", epilogue="swiglu"),
-                dict(fmt="Q5G64_F16S", epilogue=mv.ACCUMULATE, cpa=False),
-                dict(fmt="Q5G64_F16S", epilogue="plain", probe="empty")):
-        with pytest.raises(LaunchError, match="lo4"):
-            mv.make_sk_variant(**bad, lo4=True)
-    full = mv.read_bytes("gemv_mma_q5_t1_acc_n", "Q5G64_F16S", 16384, 5120)
-    assert full == tiled.tiled_geometry("Q5G64_F16S", 16384, 5120).nbytes
-    assert full - mv.read_bytes("gemv_mma_q5_t1_acc_n", "Q5G64_F16S", 16384, 5120, 4096) == 4096 * 5120 // 8
-    assert mv.read_bytes("gemv_mma_q5_t1_n", "Q5G64_F16S", 16384, 5120, 4096) == full  # reads them as Q5
-    assert full - mv.read_bytes("gemv_mma_q5_t1_acc_na", "Q5G64_F16S", 16384, 5120, 4100) == 4096 * 5120 // 8
-
-
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),
-                                       ("gemv_mma_q6_t1_swiglu_sk", "sm_90a"), ("gemv_mma_q5_t1_acc_na_sk", "sm_90a"),
+                                       ("gemv_mma_q6_t1_swiglu_sk", "sm_90a"),
                                        ("gemv_mma_q6_t1_k4_xs", "sm_90a"), ("gemv_mma_q4_t1_swiglu_k2_xs", "sm_120a"),
                                        ("gemv_mma_q6_t8_res_k8", "sm_90a"),
                                        ("gemv_mma_w8_t1_k4", "sm_120a")])

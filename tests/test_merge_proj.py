@@ -61,21 +61,6 @@ def test_stack_is_the_parts_codes_and_scales(parts, k):
     np.testing.assert_array_equal(groupwise.decode(fmt, payload, shape), values)  # the same values, bit for bit
 
 
-def test_q4_part_reads_from_its_base_nibbles():
-    """A Q4 first part keeps its codes in the wider stack's base nibbles: read as the `lo4` GEMVs read them
-    (qlayout.dequant_rows' `lo_rows`) the stack is its values; reading wider rows that way is not."""
-    from inferno.kernels.qlayout import dequant_rows
-
-    rng = np.random.default_rng(3)
-    for wide in (Q5, Q6):
-        parts = [(Q4, _random_payload(rng, Q4, 24, 192), (24, 192)), (wide, _random_payload(rng, wide, 40, 192),
-                                                                     (40, 192))]
-        fmt, payload, shape = stack_rows(parts)
-        values = np.concatenate([groupwise.decode(f, p, s) for f, p, s in parts])
-        np.testing.assert_array_equal(dequant_rows(fmt, payload, *shape, lo_rows=24), values)
-        assert not np.array_equal(dequant_rows(fmt, payload, *shape, lo_rows=32), values)
-
-
 def test_widen_keeps_the_values_and_refuses_to_narrow():
     rng = np.random.default_rng(1)
     q4 = _random_payload(rng, Q4, 16, 128)
@@ -110,7 +95,6 @@ def test_plan_merges_every_layer_input_projection(inventory):
         assert p.fmt == merged_format([e.format for e in src])
         assert p.shape == (sum(e.shape[0] for e in src), config.hidden)
         assert p.nbytes == tiled_geometry(p.fmt, *p.shape).nbytes
-        assert p.lo_rows == (src[0].shape[0] if src[0].format == Q4 != p.fmt else 0)
         assert not names & {f"text/layers/{i}/{h}" for h in halves}
     assert f"merged input projections: {config.n_layers} of {config.n_layers} layers" in plan.summary()
 
@@ -162,8 +146,6 @@ def test_27b_merged_shapes():
     assert (by["text/layers/3/attention/query_key_gate_value"].fmt,
             by["text/layers/3/attention/query_key_gate_value"].shape) == (Q5, (14336, 5120))
     assert sum(p.merged for p in merged.placements) == 64
-    assert by["text/layers/0/gdn/query_key_value_z"].lo_rows == 4096  # the Q4 query_key rows, read as Q4
-    assert by["text/layers/3/attention/query_key_gate_value"].lo_rows == 7168
     # the Q4 halves gain a Q5 high plane (8 bytes per group of 64): 4096 GDN rows, 7168 attention rows
     grow = (48 * 4096 + 16 * 7168) * 80 * 8
     assert abs(merged.weight_bytes - separate.weight_bytes - grow) < 64 * 2 * 256

@@ -184,13 +184,12 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
                     warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
-                    add: bool = False, lo4: bool = False) -> Variant:
+                    add: bool = False) -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
     SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
     `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py).
     `accumulate`: y fp32 += W x, no workspace; `add`: x is bf16(x + s) (GemvMmaSKAdd: s fp32 [K], xo bf16 [K],
-    z fp32 [K] after the norm arguments); `lo4` (Q5 plain or accumulate): a last argument `lo`, the tiles from
-    tile 0 that hold Q4 codes (a merged stack's Q4 part), read without their high bits (`GemvMmaSKLo`)."""
+    z fp32 [K] after the norm arguments)."""
     _, bits, group = FORMATS[fmt]
     if bits == 8 or cols != 1:
         raise LaunchError("stream-K GEMV: Q4-Q6 at T = 1 only")
@@ -212,18 +211,11 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
     extra = (Tensor("s", "f32", ("K",), (1,)), Tensor("xo", "bf16", ("K",), (1,)),
              Tensor("z", "f32", ("K",), (1,))) if add else ()
     what = ("y += W x (fp32 sums, no flush)" if acc else f"{epilogue} GEMV") + (", x = bf16(x + s)" if add else "")
-    if lo4:
-        if bits != 5 or not cpa or probe or epilogue not in ("plain", ACCUMULATE):
-            raise LaunchError("lo4: Q5 plain or accumulate stream-K members with the ring, no probe")
-        extra += (Scalar("lo", "i32"),)
-        what += ", its first `lo` tiles Q4"
     return Variant(
-        name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk",
-        cls=("GemvMmaSKAdd" if add else "GemvMmaSK") + ("Lo" if lo4 else ""),
+        name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSKAdd" if add else "GemvMmaSK",
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"probe": probe} if probe else {}), **({"add": True} if add else {}),
-                    **({"lo4": True} if lo4 else {})),
+                    **({"probe": probe} if probe else {}), **({"add": True} if add else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws, *norm_tensors(norm), *extra), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
@@ -295,12 +287,12 @@ def deferred_members(fmt: str) -> list[Variant]:
     """The deferred-epilogue members of a Q4-Q6 format (none for W8), stream-K only: the accumulating GEMV (a
     residual left to its readers), the `_na` plain / swiglu GEMVs whose staging adds such sums, and the
     accumulating GEMV with the RMSNorm folded (`_acc_n`) or the sums added too (`_acc_na`: the GDN input
-    projection, whose sums the conv + step kernel reads; Q5: `lo4`, the merged stack's Q4 part read as Q4)."""
+    projection, whose sums the conv + step kernel reads)."""
     if FORMATS[fmt][1] == 8:
         return []
     return ([make_sk_variant(fmt, ACCUMULATE)]
             + [make_sk_variant(fmt, e, norm=True, add=True) for e in ("plain", "swiglu")]
-            + [make_sk_variant(fmt, ACCUMULATE, norm=True, add=add, lo4=FORMATS[fmt][1] == 5) for add in (False, True)])
+            + [make_sk_variant(fmt, ACCUMULATE, norm=True, add=add) for add in (False, True)])
 
 
 GEMV_MMA_VARIANTS: tuple[Variant, ...] = tuple(
@@ -321,15 +313,6 @@ def gemv_mma_variant(name: str) -> Variant:
 @lru_cache(maxsize=1024)
 def _tiled_bytes(fmt: str, n: int, k: int) -> int:
     return tiled_geometry(fmt, n, k).nbytes
-
-
-def read_bytes(family: str, fmt: str, n: int, k: int, lo_rows: int = 0) -> int:
-    """Weight bytes a launch of `family` reads from the tile16-v1 image of [n, k] (NVFP4: its own image) whose
-    first `lo_rows` rows are Q4: the image, less those tiles' high bits when the family's member is `lo4`."""
-    geo = tiled_geometry(fmt, n, k)
-    if not lo_rows or family not in _LO4_FAMILIES:
-        return geo.nbytes
-    return geo.nbytes - (lo_rows // 16) * geo.groups * 64 * geo.high_lane_bytes
 
 
 class GemvMma:
@@ -407,19 +390,17 @@ class GemvMma:
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
-                 add: "Addend | None" = None, lo_rows: int = 0, stream: Any = None) -> None:
+                 add: "Addend | None" = None, stream: Any = None) -> None:
         """W is [n, k] in tile16-v1 (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16
         (`accumulate`: y fp32 [n], added to); `norm` = (weight bf16 [k], eps) for a `_n` family: x is RMS-normed
-        while it is staged; `add` for a `_na` family (see Addend). `lo_rows`: the first rows hold Q4 codes in this
-        wider format (a merged stack's Q4 part); a `lo4` member reads them without their high bits, the others
-        as they are (the same values)."""
+        while it is staged; `add` for a `_na` family (see Addend)."""
         if self.sk is not None and not (self.xs_by_kw or self.by_kw):  # accumulate / _na: stream-K only
-            self.sk(w, x, y, n, k, cols, r=r, norm=norm, add=add, lo_rows=lo_rows, stream=stream)
+            self.sk(w, x, y, n, k, cols, r=r, norm=norm, add=add, stream=stream)
             return
         m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         pick = self.member(m, k)
         if isinstance(pick, GemvMmaSK):
-            pick(w, x, y, n, k, cols, r=r, norm=norm, lo_rows=lo_rows, stream=stream)
+            pick(w, x, y, n, k, cols, r=r, norm=norm, stream=stream)
             return
         args += norm_args(self.name, self.norm, norm, k)
         lk, outs = pick
@@ -444,7 +425,7 @@ class GemvMmaSK:
         self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
         self.fmt = self._format(c)
         self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
-        self.norm, self.add, self.lo4 = bool(c.get("norm")), bool(c.get("add")), bool(c.get("lo4"))
+        self.norm, self.add = bool(c.get("norm")), bool(c.get("add"))
         self.accumulate = self.epilogue == ACCUMULATE
         self._ws: dict[tuple[int, int], DeviceBuffer] = {}
 
@@ -480,10 +461,7 @@ class GemvMmaSK:
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
-                 add: "Addend | None" = None, lo_rows: int = 0, stream: Any = None) -> None:
-        """As GemvMma; a `lo4` member reads the tiles wholly inside the first `lo_rows` rows as Q4."""
-        if not 0 <= lo_rows <= n:
-            raise LaunchError(f"{self.name}: lo_rows must be 0..{n}, got {lo_rows}")
+                 add: "Addend | None" = None, stream: Any = None) -> None:
         if k > self.kmax:
             raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
         if (add is not None) != self.add:
@@ -502,8 +480,6 @@ class GemvMmaSK:
             args += [TensorArg(_buf(add.s, "s", self.name, k * 4), (k,)),
                      TensorArg(_buf(add.xo, "xo", self.name, k * 2), (k,)),
                      TensorArg(_buf(add.z, "z", self.name, k * 4), (k,))]
-        if self.lo4:
-            args.append(lo_rows // 16)
         mf = self.loaded.manifest
         launch(self.loaded.kernel, (self.grid(m, k), 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
 
@@ -546,9 +522,6 @@ def _family_of(v: Variant) -> str:
     c = v.config
     fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (c["bits"], c["group"]))
     return variant_name(fmt, c["epilogue"], c["cols"], bool(c.get("norm")), bool(c.get("add")))
-
-
-_LO4_FAMILIES = frozenset(_family_of(v) for v in GEMV_MMA_VARIANTS if v.config.get("lo4"))
 
 
 def build(out_dir: str, archs: tuple[str, ...] = ("sm_90a",), names: tuple[str, ...] | None = None) -> None:

@@ -140,21 +140,17 @@ def kernel_scales(fmt: str, payload, n: int, k: int, rows: np.ndarray | None = N
     return np.ascontiguousarray(sw).view("<f2").astype(np.float32)
 
 
-def dequant_rows(fmt: str, payload, n: int, k: int, rows: np.ndarray | None = None, lo_rows: int = 0) -> np.ndarray:
-    """W float64 [len(rows) or n, k] as the kernel sees it (code * scale); rows below `lo_rows` read as the `lo4`
-    GEMV members read a merged stack's Q4 part: the code's low 4 bits, sign-extended."""
+def dequant_rows(fmt: str, payload, n: int, k: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """W float64 [len(rows) or n, k] as the kernel sees it (code * scale)."""
     g = planes(fmt, n, k).group
     sc = np.repeat(kernel_scales(fmt, payload, n, k, rows).astype(np.float64), g, axis=1)[:, :k]
-    codes = kernel_codes(fmt, payload, n, k, rows).astype(np.int64)
-    lo = (np.arange(n) if rows is None else np.asarray(rows)) < lo_rows
-    codes[lo] = ((codes[lo] & 15) ^ 8) - 8
-    return codes.astype(np.float64) * sc
+    return kernel_codes(fmt, payload, n, k, rows).astype(np.float64) * sc
 
 
 def reference(fmt: str, payload, n: int, k: int, x: np.ndarray, epilogue: str = "plain",
-              r: np.ndarray | None = None, outs: np.ndarray | None = None, lo_rows: int = 0) -> np.ndarray:
+              r: np.ndarray | None = None, outs: np.ndarray | None = None) -> np.ndarray:
     """The kernel's result in float64: x [T, k] -> [T, M] (M = n, or n/2 for swiglu), or only the
-    output columns `outs`; r (residual) is [T, M] (or [T, len(outs)]); `lo_rows` as in dequant_rows.
+    output columns `outs`; r (residual) is [T, M] (or [T, len(outs)]).
 
     silu(gate) * up is taken of the unrounded sums, and r is added before the one bf16 rounding.
     """
@@ -165,7 +161,7 @@ def reference(fmt: str, payload, n: int, k: int, x: np.ndarray, epilogue: str = 
         g = xf @ dequant_rows(fmt, payload, n, k, o).T
         u = xf @ dequant_rows(fmt, payload, n, k, o + m).T
         return g / (1.0 + np.exp(-g)) * u
-    y = xf @ dequant_rows(fmt, payload, n, k, o, lo_rows).T
+    y = xf @ dequant_rows(fmt, payload, n, k, o).T
     if epilogue == "residual":
         return y + np.asarray(r, dtype=np.float64)
     return y

@@ -13,6 +13,7 @@ import pytest
 
 from inferno.artifact import open_checked
 from inferno.artifact.convert import convert
+from inferno.artifact.formats import packed_nbytes
 from inferno.bench.accounting import account
 from inferno.checkpoint.synth import synthesize
 from inferno.model.gpu import GpuExecutor
@@ -62,9 +63,11 @@ def test_step_profile_times_every_launch(artifact, ex):
         names = {t.kernel for t in times}
         assert "gemv_bf16_t1_n gdn/a_b_projection" in names and "attention" in names, table(times)
         emb = 2 * config.hidden - acct.weight_bytes["embedding_row"]  # the GPU's table is bf16
-        # merged input projections hold their Q4 half at the wider width, but the accumulating (`lo4`) GEMVs read
-        # its rows as Q4: the artifact's bytes, as the accounting counts them
-        assert rec.fixed_bytes() == acct.decode_step_bytes(context) + emb
+        # merged input projections hold their narrower half at the wider width (the accounting: the artifact's)
+        inv = {e.name: e for e in expected}
+        wider = sum(p.nbytes - sum(packed_nbytes(inv[s].format, inv[s].layout, inv[s].shape) for s in p.sources)
+                    for p in ex.plan.placements if p.merged)
+        assert rec.fixed_bytes() == acct.decode_step_bytes(context) + emb + wider
         assert ex.cuda_graph and ex.ops is ex.program.ops
     finally:
         ex.release(s)

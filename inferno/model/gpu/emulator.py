@@ -40,7 +40,7 @@ class EmulatedOps:
         self.mem = np.zeros(capacity + ALIGN, np.uint8)
         self.capacity = capacity
         self.top = 0
-        self._dequant: dict[tuple[int, int, int, str, bool, int], np.ndarray] = {}
+        self._dequant: dict[tuple[int, int, int, str, bool], np.ndarray] = {}
         self.launches = 0
 
     # ---- memory ----------------------------------------------------------------------------------
@@ -120,9 +120,8 @@ class EmulatedOps:
         self.launches += 1
         self._put(y, rms_norm(self._get(x, bfloat16, n), self._get(w, bfloat16, n), eps))
 
-    def _weights(self, fmt: str, w: DeviceBuffer, n: int, k: int, tiled: bool = False, lo_rows: int = 0) -> np.ndarray:
-        """W [n, k] fp32 as the GEMV reads it (`lo_rows`: see qlayout.dequant_rows)."""
-        key = (w.ptr, n, k, fmt, tiled, lo_rows)
+    def _weights(self, fmt: str, w: DeviceBuffer, n: int, k: int, tiled: bool = False) -> np.ndarray:
+        key = (w.ptr, n, k, fmt, tiled)
         m = self._dequant.get(key)
         if m is None and fmt == "BF16":
             m = self._dequant[key] = self._get(w, bfloat16, n * k).reshape(n, k).astype(np.float32)
@@ -138,7 +137,7 @@ class EmulatedOps:
                 payload = self._bytes(w, nvfp4.geometry((n, k)).nbytes).tobytes()
             m = self._dequant[key] = nvfp4.decode(payload, (n, k))
         if m is None and tiled:
-            m = self._dequant[key] = dequant_rows(fmt, payload, n, k, lo_rows=lo_rows).astype(np.float32)
+            m = self._dequant[key] = dequant_rows(fmt, payload, n, k).astype(np.float32)
         if m is None:
             from inferno.artifact.formats.groupwise import geometry
 
@@ -168,9 +167,9 @@ class EmulatedOps:
             return xv
         return rms_norm(xv, self._get(norm[0], bfloat16, k), norm[1]).astype(bfloat16).astype(np.float32)
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None, lo_rows=0) -> None:
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None) -> None:
         self.launches += 1
-        wm = self._weights(fmt, w, n, k, tiled, lo_rows)
+        wm = self._weights(fmt, w, n, k, tiled)
         xv = self._x(x, k, norm, add)
         if epilogue == "swiglu":
             m = n // 2

@@ -7,10 +7,6 @@ one f16 scale per group of 64 along K, the same group for Q4, Q5 and Q6 (`format
 code (-8..7) is the same value as a Q5 or Q6 code, so a narrower part is re-packed exactly (the
 format's own `unpack` / `pack`) and the stack dequantizes to the same values, bit for bit.
 
-A Q4 first part keeps its codes in the wider stack's base nibbles exactly (the high bits are their sign
-extension), so the merged GEMVs that can (the `lo4` stream-K members) read its rows' base and scale bytes only
-and decode them as Q4: the stack's decode reads the artifact's bytes (`Placement.lo_rows`).
-
 `row-split-k128-v1` keeps every plane in (row, group) order, so the stack's planes are its parts'
 planes one after the other: only the narrower parts are re-packed; the widest ones are copied.
 """
@@ -25,7 +21,6 @@ from inferno.artifact.formats import groupwise
 from inferno.errors import ArtifactError
 
 MERGEABLE = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")  # formats a stack may hold (one group size)
-LO_FORMAT = "Q4G64_F16S"  # a wider stack's first part in this format is read as such (`Placement.lo_rows`)
 
 
 def merged_format(formats: Sequence[str]) -> str:

@@ -119,11 +119,10 @@ class Ops(Protocol):
     def embedding(self, ids: DeviceBuffer, table: DeviceBuffer, out: DeviceBuffer, vocab: int, hidden: int) -> None: ...
     def rmsnorm(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, eps: float) -> None: ...
     # tiled: w in tile16-v1; norm: x is RMS-normed first; epilogue "accumulate": y fp32 [n] += W x (sums left for
-    # the next GEMV, whose `add` = Addend(s=y, xo, z) makes its x bf16(x + s), writes that to xo, zeroes z);
-    # lo_rows: W's first rows hold Q4 codes in its wider format (a merged stack's Q4 part: read them as Q4)
+    # the next GEMV, whose `add` = Addend(s=y, xo, z) makes its x bf16(x + s), writes that to xo, zeroes z)
     def gemv(self, fmt: str, epilogue: str, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
              r: DeviceBuffer | None = None, tiled: bool = False, norm: Norm | None = None,
-             add: Addend | None = None, lo_rows: int = 0) -> None: ...
+             add: Addend | None = None) -> None: ...
     def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
                     norm: Norm | None = None,
                     sums: DeviceBuffer | None = None) -> None: ...  # sums (with norm): x is bf16(x + sums)
@@ -379,10 +378,14 @@ class CudaOps:
     def rmsnorm(self, x, w, y, n, eps) -> None:
         self._rmsnorm(x, w, y, 1, n, eps, stream=self.stream)
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None, lo_rows=0) -> None:
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None) -> None:
         g = self._gemv_launcher(fmt, epilogue, tiled, norm is not None, add is not None)
-        given = {"norm": norm, "add": add, "lo_rows": lo_rows}  # only what is given: not every launcher takes all
-        g(w, x, y, n, k, 1, r=r, stream=self.stream, **{a: v for a, v in given.items() if v})
+        if add is not None:
+            g(w, x, y, n, k, 1, r=r, norm=norm, add=add, stream=self.stream)
+        elif norm is None:
+            g(w, x, y, n, k, 1, r=r, stream=self.stream)
+        else:
+            g(w, x, y, n, k, 1, r=r, norm=norm, stream=self.stream)
 
     def linear_bf16(self, x, w, y, n, k, norm=None, sums=None) -> None:
         if sums is not None:

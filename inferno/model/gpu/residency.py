@@ -123,7 +123,6 @@ class Placement:
     nbytes: int
     where: str = DEVICE
     rows: tuple[int, int] | None = None  # ROWS: the source's row range [r0, r1)
-    lo_rows: int = 0  # merged in a wider format: the leading rows whose source is Q4 (the GEMV reads them as Q4)
 
     @property
     def merged(self) -> bool:
@@ -460,7 +459,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
     from inferno.errors import ArtifactError
     from inferno.kernels.gemv_variants import FORMATS
     from inferno.kernels.tiled import tiled_geometry
-    from inferno.model.gpu.merge import LO_FORMAT, merged_format
+    from inferno.model.gpu.merge import merged_format
 
     check_supported(config)
     tiling, merge = tiling_mode(tiling), merge_mode(merge)
@@ -479,7 +478,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
             raise ArtifactError(f"the artifact has no tensor {missing[0]}; it is not a dense Qwen3.5 "
                                 "artifact this executor can run")
         src = [expected[s] for s in sources]
-        rows, lo_rows = None, 0
+        rows = None
         if stored == DEQUANT_BF16:
             fmt, shape = "BF16", src[0].shape
             nbytes = int(shape[0]) * int(shape[1]) * BF16
@@ -491,7 +490,6 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
         elif stored == TILED:  # merged input projections: the halves stacked by rows, in the wider format
             fmt, shape = merged_format([e.format for e in src]), (sum(e.shape[0] for e in src), src[0].shape[1])
             nbytes = tiled_geometry(fmt, *shape).nbytes
-            lo_rows = src[0].shape[0] if src[0].format == LO_FORMAT != fmt else 0
         else:
             e = src[0]
             fmt, shape = e.format, e.shape
@@ -513,7 +511,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
             if stored == PAYLOAD and tiled_storage(name, fmt, tiling):
                 stored, nbytes = TILED, tiled_geometry(fmt, *shape).nbytes
         placements.append(Placement(name, sources, fmt, tuple(int(d) for d in shape), stored, int(nbytes),
-                                    rows=rows, lo_rows=int(lo_rows)))
+                                    rows=rows))
     kv = KvSizing(len(config.attention_layers), config.n_kv_heads, config.head_dim, max_seqs, max_context)
     gdn = GdnSizing(len(config.gdn_layers), max_seqs, config.conv_dim, config.conv_kernel - 1,
                     config.gdn_v_heads, config.gdn_k_dim, config.gdn_v_dim)

@@ -38,7 +38,6 @@ class DeviceTensor:
     fmt: str
     shape: tuple[int, ...]
     tiled: bool = False  # groupwise-int in tile16-v1 (residency.TILED), not the row-split payload
-    lo_rows: int = 0  # a merged stack's leading Q4 rows (Placement.lo_rows): the GEMV's `lo_rows`
 
 
 def host_image(p: Placement, artifact: Artifact, expected: dict[str, ExpectedTensor]) -> np.ndarray:
@@ -110,5 +109,5 @@ def _upload_next(ops: Ops, pending: deque, out: dict[str, DeviceTensor], bar) ->
     p, image = pending.popleft()
     buf = ops.alloc(p.name, p.nbytes)
     ops.upload(buf, image.result())
-    out[p.name] = DeviceTensor(buf, p.fmt, p.shape, p.stored == TILED, p.lo_rows)
+    out[p.name] = DeviceTensor(buf, p.fmt, p.shape, p.stored == TILED)
     bar.advance(p.nbytes)
