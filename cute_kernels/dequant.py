@@ -174,8 +174,8 @@ def item_fields(bits: int, group: int, tile, j, v, groups):
     else:
         base = blk * BLOCK_WORDS + v
         lane, half, u = v >> 2, (v >> 1) & 1, 2 * ((v >> 2) & 3) + (v & 1)
-    if bits == 5:  # Q5: high byte v of the block's 128 (bit q = code q's bit 4)
-        high, high_shift = blk * 32 + (v >> 2), 8 * (v & 3)
+    if bits == 5:  # Q5 (`tiled.pack_q5`): the lane's high word, its nibbles of word v % 2 of half h at bit 0
+        high, high_shift = blk * 32 + (v >> 2), 4 * (v & 3)
     elif bits == 6:  # Q6: high half-word v of the block's 128 (bits 2q, 2q + 1)
         high, high_shift = blk * 64 + (v >> 1), 16 * (v & 1)
     else:
@@ -190,14 +190,17 @@ def item_fields(bits: int, group: int, tile, j, v, groups):
 
 def code_bits(bits: int, base, high, q: int):
     """code + 2^(bits - 1) (unsigned) of code q (0..7) of an item: base its word (W8: its two
-    words), high its high-bit word shifted so that bit 0 is the item's first high bit."""
+    words), high its high-bit word shifted so that bit 0 is the item's first high bit (Q5: its code 3
+    nibble, `tiled.pack_q5`)."""
     if bits == 8:
         return ((base[q // 4] >> (8 * (q % 4))) & 0xFF) ^ 0x80
+    if bits == 5:  # codes 0-2 / 4-6 whole at bits 5q / 16 + 5(q - 4); 3 and 7: nibble in high, bit 4 at 15 / 31
+        if q % 4 == 3:
+            return ((high >> (4 * q - 12)) & 0xF) | ((((base >> (4 * q + 3)) & 1) ^ 1) << 4)
+        return ((base >> (5 * (q % 4) + 16 * (q // 4))) & 0x1F) ^ 0x10
     nib = (base >> (4 * q)) & 0xF
     if bits == 4:
         return nib ^ 0x8
-    if bits == 5:
-        return nib | ((((high >> q) & 1) ^ 1) << 4)
     return nib | ((((high >> (2 * q)) & 3) ^ 2) << 4)
 
 

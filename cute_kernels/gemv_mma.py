@@ -39,6 +39,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 FIELD = 0x000F000F  # a nibble at bits 0-3 and 16-19
+FIELD5 = 0x001F001F  # a packed Q5 code at bits 0-4 and 16-20
 BIAS = {4: 136, 5: 144, 6: 160, 8: 128 + 16 * 136}  # A = code + bias (W8: lo + 16 hi, see above)
 BIAS_BF16 = {4: 0xC308, 5: 0xC310, 6: 0xC320, 8: 0xC510}  # bf16(-bias)
 
@@ -67,20 +68,18 @@ def pairs_q4(ops, w0, w1):
     return [tuple(ops.band_xor(_shift(ops, w, -4 * m), FIELD, k) for w in (w0, w1)) for m in range(4)]
 
 
-def pairs_q5(ops, w0, w1, hh):
-    """Q5: as Q4, plus the high bit (bit c of hh for code c) at bits 4 and 20, flipped:
-    A = 128 + nib + 16 (1 - b) = code + 144. hd = byte * 0x1001 puts code c at bit c and
-    code c + 4 at bit 16 + c, so one shift aligns both."""
+def pairs_q5(ops, w0, w1, hw, h: int):
+    """Q5 (`tiled.pack_q5`): codes m, m + 4 (m < 3) sit whole at bits 5m and 16 + 5m of their base word,
+    one shift and one LOP3 (bit 4 flipped: A = 128 + nib + 16 (1 - b) = code + 144); for m = 3 the
+    nibbles come from the lane's high word hw (word i of row h at bits 8h + 4i, 16 + 8h + 4i) and the
+    high bits from bits 15 and 31 of the base word."""
     k = ops.c(0x43104310)
-    out = []
-    hd = [ops.imul(ops.band(hh, 0xFF), 0x1001), ops.imul(ops.band(ops.shr(hh, 8), 0xFF), 0x1001)]
-    for m in range(4):
-        regs = []
-        for w, h in zip((w0, w1), hd):
-            e = ops.band_xor(_shift(ops, h, 4 - m), 0x00100010, k)
-            regs.append(ops.band_or(_shift(ops, w, -4 * m), FIELD, e))
-        out.append(tuple(regs))
-    return out
+    out = [tuple(ops.band_xor(_shift(ops, w, -5 * m), FIELD5, k) for w in (w0, w1)) for m in range(3)]
+    last = []
+    for i, w in enumerate((w0, w1)):
+        e = ops.band_xor(ops.shr(w, 11), 0x00100010, k)
+        last.append(ops.band_or(_shift(ops, hw, -(8 * h + 4 * i)), FIELD, e))
+    return out + [tuple(last)]
 
 
 def pairs_q6(ops, w0, w1, hq):
@@ -819,7 +818,7 @@ class GemvMma:
         if cutlass.const_expr(self.bits == 4):
             return pairs_q4(ops, w0, w1)
         if cutlass.const_expr(self.bits == 5):
-            return pairs_q5(ops, w0, w1, hbuf[0, q, s, st] >> (16 * h))
+            return pairs_q5(ops, w0, w1, hbuf[0, q, s, st], h)
         if cutlass.const_expr(self.bits == 6):
             return pairs_q6(ops, w0, w1, hbuf[h, q, s, st])
         return pairs_w8(ops, w0, w1)

@@ -136,7 +136,7 @@ def emulate(fmt, pay, n, k, x):
                 if s.bits == 4:
                     prs.append(km.pairs_q4(ops, w0, w1))
                 elif s.bits == 5:
-                    prs.append(km.pairs_q5(ops, w0, w1, hh[h]))
+                    prs.append(km.pairs_q5(ops, w0, w1, h0, h))
                 elif s.bits == 6:
                     prs.append(km.pairs_q6(ops, w0, w1, hh[h]))
                 else:

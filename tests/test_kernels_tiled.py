@@ -5,9 +5,10 @@ import pytest
 
 from inferno.artifact.formats import groupwise as gw
 from inferno.kernels import qlayout as ql
-from inferno.kernels.tiled import TiledLayoutError, tile, tiled_geometry, untile
+from inferno.kernels.tiled import TiledLayoutError, tile, tiled_geometry, unpack_q5, untile
 
 FORMATS = list(gw.SCHEMES)
+Q5 = "Q5G64_F16S"
 SHAPES = [(16, 128), (40, 200), (1002, 264), (48, 1000)]
 
 
@@ -29,6 +30,9 @@ def test_lane_blocks_hold_the_fragment_bytes(fmt):
     g, tg = gw.geometry(fmt, (n, k)), tiled_geometry(fmt, n, k)
     t = tile(fmt, pay, n, k)
     ng, hb = tg.groups, tg.high_lane_bytes
+    if fmt == Q5:  # its words are re-packed (test_q5_codes_sit_whole); the moves are checked on the inverse
+        unpack_q5(t[:tg.base_bytes].view(np.uint32).reshape(-1, 32, 4),
+                  t[tg.high_offset:tg.high_offset + tg.high_bytes].view(np.uint32).reshape(-1, 32))
     base = pay[:g.base_bytes].reshape(n, ng, 32)
     high = pay[g.high_offset:g.high_offset + g.high_bytes].reshape(n, ng, 4 * hb) if hb else None
     sc = pay[g.scale_offset:g.scale_offset + g.scale_bytes].view("<u2").reshape(n, ng)
@@ -48,6 +52,35 @@ def test_lane_blocks_hold_the_fragment_bytes(fmt):
                         assert np.array_equal(hblk[hb * half:hb * half + hb], hw)
                     s = tsc[((T * ng // 2 + j // 2) * 64 + 8 * gg) // 2 + 2 * (j % 2) + half]
                     assert s == (sc[r, j] if r < n else 0)
+
+
+def test_q5_codes_sit_whole():
+    """Q5 after `pack_q5`, against codes placed by hand: codes c and c + 4 (c < 3) of base word i of a row at
+    bits 5c and 16 + 5c (raw 5 bits); codes 3 and 7: nibbles in the lane's high word at 8h + 4i and
+    16 + 8h + 4i, high bits at bits 15 and 31 of the base word. Every code value, every lane."""
+    n, k = 32, 256
+    codes = np.resize(np.arange(-16, 16), n * k).reshape(n, k)
+    codes = np.random.default_rng().permuted(codes, axis=1).astype(np.int8)
+    pay = gw.pack(Q5, codes, np.ones((n, k // 64), np.float16))
+    tg = tiled_geometry(Q5, n, k)
+    t = tile(Q5, np.asarray(pay), n, k)
+    base = t[:tg.base_bytes].view(np.uint32).reshape(tg.tiles, tg.groups, 32, 4).astype(np.int64)
+    high = t[tg.high_offset:tg.high_offset + tg.high_bytes].view(np.uint32).reshape(tg.tiles, tg.groups, 32)
+    high = high.astype(np.int64)
+    raw = codes.astype(np.int64) & 31
+    for T in range(tg.tiles):
+        for j in range(tg.groups):
+            for lane in range(32):
+                g, tt = divmod(lane, 4)
+                for h in range(2):
+                    row = raw[16 * T + g + 8 * h, 64 * j + 16 * tt:][:16]
+                    for i in range(2):
+                        w, c = base[T, j, lane, 2 * h + i], row[8 * i:8 * i + 8]
+                        got = [(w >> 5 * m) & 31 for m in range(3)] + [
+                            ((high[T, j, lane] >> 8 * h + 4 * i) & 15) | ((w >> 15) & 1) << 4]
+                        got += [(w >> 16 + 5 * m) & 31 for m in range(3)] + [
+                            ((high[T, j, lane] >> 16 + 8 * h + 4 * i) & 15) | ((w >> 31) & 1) << 4]
+                        assert got == list(c), (T, j, lane, h, i)
 
 
 def test_refuses_a_wrong_size():

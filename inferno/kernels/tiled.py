@@ -18,7 +18,9 @@ scale 0):
          8 g: binary16 [s(g, 2p), s(g + 8, 2p), s(g, 2p + 1), s(g + 8, 2p + 1)] (row offsets in the tile)
 
 Planes start at 0, `high_offset` and `scale_offset`, each 256-byte aligned. The bytes of a block are
-the same bytes as in the row-split payload, only moved, so decoding is unchanged.
+the same bytes as in the row-split payload, only moved, except Q5's (`pack_q5`): its base words and a
+lane's high word hold each code's 5 bits together, so the decode is one shift and one LOP3 for most
+register pairs of codes (cute_kernels/gemv_mma.py `pairs_q5`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,60 @@ def tiled_geometry(fmt: str, n: int, k: int):
     return TiledGeometry(fmt, n, k, tiles, ng, hb, base, high_off, high, scale_off, tiles * ng * 32)
 
 
+def _spread_table() -> np.ndarray:
+    """Byte b (the high bits of codes 0-7 of a base word) -> where `pack_q5` puts them: bits 4, 9, 14, 15,
+    20, 25, 30, 31."""
+    out = np.zeros(256, np.uint32)
+    for c, pos in enumerate((4, 9, 14, 15, 20, 25, 30, 31)):
+        out |= ((np.arange(256) >> c) & 1).astype(np.uint32) << np.uint32(pos)
+    return out
+
+
+_SPREAD = _spread_table()
+_U = np.uint32
+
+
+def pack_q5(base: np.ndarray, high: np.ndarray) -> None:
+    """Q5's lane words, in place: base uint32 [..., 4] (row g's words 0, 1, row g + 8's), high uint32 [...]
+    (row g's 16 high bits, then row g + 8's; bit c = code c's bit 4).
+
+    A base word holds codes c = 0..7 of a row (c = 8..15 for word 1) as nibbles (nibble c at bits 4c) and
+    the pairs the decode needs are (c, c + 4). Packed, codes 0-2 / 4-6 sit whole (5 bits, raw) at bits
+    5c / 16 + 5(c - 4) and the high bits of codes 3 and 7 at bits 15 and 31; the high word takes the
+    nibbles of codes 3 and 7 of word i of row h at bits 8h + 4i and 16 + 8h + 4i."""
+    packed = np.zeros_like(high)
+    for h in range(2):
+        for i in range(2):
+            w = base[..., 2 * h + i]
+            packed |= ((w >> _U(12)) & _U(0x000F000F)) << _U(8 * h + 4 * i)
+            hb = (high >> _U(16 * h + 8 * i)) & _U(0xFF)
+            base[..., 2 * h + i] = ((w & _U(0x000F000F)) | ((w & _U(0x00F000F0)) << _U(1))
+                                    | ((w & _U(0x0F000F00)) << _U(2)) | _SPREAD[hb])
+    high[...] = packed
+
+
+def unpack_q5(base: np.ndarray, high: np.ndarray) -> None:
+    """The inverse of `pack_q5`, in place."""
+    hw = np.zeros_like(high)
+    for h in range(2):
+        for i in range(2):
+            w = base[..., 2 * h + i]
+            hb = np.zeros_like(w)
+            for c, pos in enumerate((4, 9, 14, 15, 20, 25, 30, 31)):
+                hb |= ((w >> _U(pos)) & _U(1)) << _U(c)
+            hw |= hb << _U(16 * h + 8 * i)
+            base[..., 2 * h + i] = ((w & _U(0x000F000F)) | ((w >> _U(1)) & _U(0x00F000F0))
+                                    | ((w >> _U(2)) & _U(0x0F000F00))
+                                    | (((high >> _U(8 * h + 4 * i)) & _U(0x000F000F)) << _U(12)))
+    high[...] = hw
+
+
+def _q5_planes(image: np.ndarray, t: TiledGeometry) -> tuple[np.ndarray, np.ndarray]:
+    """Views of a Q5 image's base words [blocks, 32 lanes, 4] and high words [blocks, 32 lanes]."""
+    base = image[:t.base_bytes].view(np.uint32).reshape(-1, 32, 4)
+    return base, image[t.high_offset:t.high_offset + t.high_bytes].view(np.uint32).reshape(-1, 32)
+
+
 def _rows(plane: np.ndarray, n: int, tiles: int) -> np.ndarray:
     """[n, ...] -> [tiles * 16, ...] with zero rows appended."""
     if tiles * TILE_ROWS == n:
@@ -119,6 +175,8 @@ def tile(fmt: str, payload, n: int, k: int) -> np.ndarray:
     sc = buf[g.scale_offset:g.scale_offset + g.scale_bytes].view(np.uint16).reshape(n, ng // 2, 2)  # [row, pair, j]
     sc = _rows(sc, n, nt).reshape(nt, 2, 8, ng // 2, 2)  # [tile, half, g, pair, j]
     out[t.scale_offset:].view(np.uint16).reshape(nt, ng // 2, 8, 2, 2)[...] = sc.transpose(0, 3, 2, 4, 1)
+    if g.scheme.bits == 5:
+        pack_q5(*_q5_planes(out, t))
     return out
 
 
@@ -134,6 +192,9 @@ def untile(fmt: str, tiled, n: int, k: int) -> np.ndarray:
     if buf.size != t.nbytes:
         raise TiledLayoutError(f"{fmt} [{n}, {k}] {LAYOUT} image has {buf.size} bytes, expected {t.nbytes}")
     nt, ng, hb = t.tiles, t.groups, t.high_lane_bytes
+    if g.scheme.bits == 5:
+        buf = buf.copy()
+        unpack_q5(*_q5_planes(buf, t))
     out = np.zeros(g.nbytes, np.uint8)
     base = buf[:t.base_bytes].reshape(nt, ng, 8, 4, 2, 8).transpose(0, 4, 2, 1, 3, 5)
     out[:g.base_bytes] = base.reshape(nt * 16, -1)[:n].reshape(-1)
