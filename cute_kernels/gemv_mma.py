@@ -343,6 +343,16 @@ def _lds1(addr, *, loc=None, ip=None) -> cutlass.Float32:
 
 
 @dsl_user_op
+def _lds4f(addr, *, loc=None, ip=None) -> list:
+    """Four fp32 from shared address `addr` (16-byte aligned)."""
+    ty = llvm.StructType.get_literal([T.f32()] * 4)
+    r = llvm.inline_asm(ty, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];",
+                        "=f,=f,=f,=f,r", has_side_effects=True, is_align_stack=False,
+                        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return [cutlass.Float32(llvm.extractvalue(T.f32(), r, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
 def _bf16x2_sum(v, *, loc=None, ip=None) -> cutlass.Float32:
     """lo + hi of a bf16x2 word, in fp32 (both exact in fp32, one rounding)."""
     return cutlass.Float32(_asm(
@@ -624,11 +634,15 @@ class GemvMma:
         eps, the norm's per-warp sums [32], `add`) with the shared buffers allocated from `smem`; `add`
         (T = 1): None, or (s fp32 [K], xo bf16 [K], z fp32 [K]): x is bf16(x + s) (see `_add_records`)."""
         xsm = smem.allocate_tensor(cutlass.Int32, cute.make_layout((self.cols * self.ngmax * 32,)), byte_alignment=16)
-        nbs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.cols * self.ngmax,)), byte_alignment=16)
+        nbs = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self._nb_words() * self.ngmax,)), byte_alignment=16)
         nss = nbs
         if cutlass.const_expr(self.norm):
             nss = smem.allocate_tensor(cutlass.Float32, cute.make_layout((32,)), byte_alignment=16)
         return (mX, xsm, nbs, mN, eps, nss, add)
+
+    def _nb_words(self) -> int:
+        """Staged -bias sums per group: one per column; T = 1 four copies, the mma's whole C (no register moves)."""
+        return 4 if self.cols == 1 else self.cols
 
     def _rounds(self) -> int:
         """Staging records per thread (the records of K = kmax over the CTA's threads)."""
@@ -710,7 +724,12 @@ class GemvMma:
             _sts4(a, [br[0][0], br[0][1], br[1][0], br[1][1]])
             _sts4(a + 16, [br[2][0], br[2][1], br[3][0], br[3][1]])
             if t == 0:
-                nbs[c * self.ngmax + j] = s * cutlass.Float32(-float(BIAS[self.bits]))
+                v = s * cutlass.Float32(-float(BIAS[self.bits]))
+                if cutlass.const_expr(self.cols == 1):
+                    for e in cutlass.range_constexpr(4):
+                        nbs[4 * j + e] = v
+                else:
+                    nbs[c * self.ngmax + j] = v
 
     @cute.jit
     def _add_records(self, xsd, xv, k, ngr):
@@ -773,12 +792,14 @@ class GemvMma:
     @cute.jit
     def _xs_lane(self, xsd, lane):
         """Shared addresses of this lane's B words (column min(g, T - 1), thread t; + 128 j) and of
-        the -bias sums of its C columns 2t, 2t + 1 (+ 4 j)."""
+        the -bias sums of its C columns 2t, 2t + 1 (+ 4 j; T = 1: the group's four copies, + 16 j)."""
         mX, xsm, nbs = xsd[0], xsd[1], xsd[2]
         t_rows = cute.size(mX, mode=[0])
         g, t = lane // 4, lane % 4
         rec = xsm.iterator.toint() + (cutlass.min(g, t_rows - 1) * self.ngmax * 4 + t) * 32
         nb0 = nbs.iterator.toint()
+        if cutlass.const_expr(self.cols == 1):
+            return rec, nb0, nb0
         return (rec, nb0 + cutlass.min(2 * t, t_rows - 1) * self.ngmax * 4,
                 nb0 + cutlass.min(2 * t + 1, t_rows - 1) * self.ngmax * 4)
 
@@ -792,11 +813,12 @@ class GemvMma:
                 b0 = _lds4(xsr[0] + j * 128)
                 b1 = _lds4(xsr[0] + j * 128 + 16)
                 bregs = [(b0[0], b0[1]), (b0[2], b0[3]), (b1[0], b1[1]), (b1[2], b1[3])]
-                va = _lds1(xsr[1] + j * 4)
-                vb = va
-                if cutlass.const_expr(self.cols > 1):
+                if cutlass.const_expr(self.cols == 1):
+                    nb = _lds4f(xsr[1] + j * 16)
+                else:
+                    va = _lds1(xsr[1] + j * 4)
                     vb = _lds1(xsr[2] + j * 4)
-                nb = [va, vb, va, vb]
+                    nb = [va, vb, va, vb]
             else:
                 bregs = b_regs(ops, self.bits, [xb[i, q, st] for i in range(self.xw)])
                 nb = [cutlass.Float32(0.0)] * 4

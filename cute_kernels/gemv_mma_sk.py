@@ -38,7 +38,6 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32, unit_tiles
-from cute_kernels.gemv_mma import base_offset, high_offset
 
 COUNTER_ALIGN = 32  # counters padded to 128 bytes before the fp32 sums
 # Shared bytes a member holds at least: past 113 KB two CTAs (1 KB reserved each) cannot share an sm_90 SM's 228 KB,
@@ -79,6 +78,15 @@ def _cp_async(dst, src, nbytes: int, *, loc=None, ip=None):
     cache = "cg" if nbytes == 16 else "ca"
     _asm_se(None, [cutlass.Int32(dst).ir_value(loc=loc, ip=ip), cutlass.Int64(src).ir_value(loc=loc, ip=ip)],
             f"cp.async.{cache}.shared.global [$0], [$1], {nbytes};", "r,l", loc, ip)
+
+
+@dsl_user_op
+def _mad_wide(a, b: int, c, *, loc=None, ip=None) -> cutlass.Int64:
+    """c + a * b, a and b unsigned 32-bit, c 64-bit: one IMAD.WIDE.U32 (an address from an index)."""
+    return cutlass.Int64(llvm.inline_asm(
+        T.i64(), [cutlass.Int32(a).ir_value(loc=loc, ip=ip), cutlass.Int64(c).ir_value(loc=loc, ip=ip)],
+        f"mad.wide.u32 $0, $1, {b}, $2;", "=l,r,l", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
 
 @dsl_user_op
@@ -376,24 +384,29 @@ class GemvMmaSK(GemvMma):
         """cp.async pair p of unit u's tile slots sl into ring stage st, 16 bytes a lane: each lane its 16
         base bytes per group at 512 q + 16 lane; the pair's high bytes (256 hw, contiguous in the image) by
         lanes < 16 hw at 1024 + 16 lane; its scale run (`scale_run` bytes) by the next lanes at
-        1024 + 256 hw + 16 lane."""
-        w_ptr, ngr, _, high, scale, lane, _, m, n_tiles = geo[:9]
+        1024 + 256 hw + 16 lane. Every plane holds a tile's group pairs one after another, tile after tile,
+        so a source is its plane's lane base plus (tile * pairs + p) times the plane's bytes a pair."""
+        w_ptr, ngr, npairs, high, scale, lane, _, m, n_tiles = geo[:9]
         tiles = self._tiles(u, m, n_tiles)
-        base = w_ptr.toint()
+        base = cutlass.Int64(w_ptr.toint())
         run = self.scale_run()
+        sl0 = 16 * self.hw % 32  # Q6's high bytes take every lane: its scales start again at lane 0
         for b in cutlass.range_constexpr(len(sl)):
-            tile = tiles[sl[b]]
+            pair = tiles[sl[b]] * npairs + p
             d = self._ring_addr(geo, len(sl), st, b)
+            src = _mad_wide(pair, self.pair_bytes()[0], base + 16 * lane)
             for q in cutlass.range_constexpr(2):
-                _cp_async(d + 512 * q + 16 * lane, base + base_offset(tile, 2 * p + q, ngr, lane), 16)
+                _cp_async(d + 512 * q + 16 * lane, src + 512 * q, 16)
             if cutlass.const_expr(self.hw > 0):
                 if lane < 16 * self.hw:
-                    _cp_async(d + 1024 + 16 * lane, base + high_offset(self.bits, high, tile, 2 * p, ngr, 0) + 16 * lane,
-                              16)
-            sl0 = 16 * self.hw % 32  # Q6's high bytes take every lane: its scales start again at lane 0
+                    _cp_async(d + 1024 + 16 * lane, _mad_wide(pair, self.pair_bytes()[1], base + high + 16 * lane), 16)
             if lane >= sl0 and lane < sl0 + run // 16:
                 _cp_async(d + 1024 + 256 * self.hw + 16 * (lane - sl0),
-                          base + self._scale_off(scale, tile, p, ngr, 0) + 16 * (lane - sl0), 16)
+                          _mad_wide(pair, self.pair_bytes()[2], base + scale + 16 * (lane - sl0)), 16)
+
+    def pair_bytes(self) -> tuple[int, int, int]:
+        """Bytes one group pair of a tile takes in the image's base, high and scale planes."""
+        return 1024, 256 * self.hw, self._scale_off(0, 0, 1, 2, 0)
 
     def scale_run(self) -> int:
         """Bytes of a group pair's scales in the image (contiguous; lanes of a quad may share them)."""

@@ -319,6 +319,29 @@ def test_stream_k_row_ownership(epilogue, m):
     assert sorted(adds) == list(range(n_w)) and set(adds.values()) == {1}
 
 
+@pytest.mark.skipif(not dsl_available(), reason="CuTe DSL not installed")
+@pytest.mark.parametrize("fmt", ["Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S", "NVFP4"])
+def test_stream_k_sources_step_by_pair(fmt):
+    """The ring's copies address group pair p of a tile as the plane's start plus (tile * pairs + p) times
+    `pair_bytes`: the bytes `base_offset`, `high_offset` and the member's scale offset name, every tile and pair."""
+    from cute_kernels.gemv_mma import base_offset, high_offset
+    from cute_kernels.gemv_mma_nvfp4 import GemvMmaNvfp4SK
+    from cute_kernels.gemv_mma_sk import GemvMmaSK
+
+    kern = GemvMmaNvfp4SK(4, 16, 1, "plain") if fmt == "NVFP4" else \
+        GemvMmaSK(gw.SCHEMES[fmt].bits, 64, 1, "plain", warps=16, kmax=18432, cpa=True)
+    base, high, scale = kern.pair_bytes()
+    ngr, high0, scale0 = 40, 1 << 20, 1 << 22
+    for tile in (0, 1, 7, 300):
+        for p in range(ngr // 2):
+            pair = tile * (ngr // 2) + p
+            for q in range(2):
+                assert base_offset(tile, 2 * p + q, ngr, 0) == pair * base + 512 * q
+            if kern.hw:
+                assert high_offset(kern.bits, high0, tile, 2 * p, ngr, 0) == high0 + pair * high
+            assert kern._scale_off(scale0, tile, p, ngr, 0) == scale0 + pair * scale
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_family_load_skips_members_of_other_archs(arch, monkeypatch):
     """On sm_120a (about 100 KB of shared memory per CTA) a T = 1 family loads without its ring stream-K."""
