@@ -82,7 +82,8 @@ def _cp_async(dst, src, nbytes: int, *, loc=None, ip=None):
 
 @dsl_user_op
 def _mad_wide(a, b: int, c, *, loc=None, ip=None) -> cutlass.Int64:
-    """c + a * b, a and b unsigned 32-bit, c 64-bit: one IMAD.WIDE.U32 (an address from an index)."""
+    """c + a * b, a and b unsigned 32-bit, c 64-bit (an address from an index; ptxas: an IMAD.WIDE, or a LEA
+    pair when b is a power of two)."""
     return cutlass.Int64(llvm.inline_asm(
         T.i64(), [cutlass.Int32(a).ir_value(loc=loc, ip=ip), cutlass.Int64(c).ir_value(loc=loc, ip=ip)],
         f"mad.wide.u32 $0, $1, {b}, $2;", "=l,r,l", has_side_effects=False, is_align_stack=False,
@@ -386,7 +387,7 @@ class GemvMmaSK(GemvMma):
         lanes < 16 hw at 1024 + 16 lane; its scale run (`scale_run` bytes) by the next lanes at
         1024 + 256 hw + 16 lane. Every plane holds a tile's group pairs one after another, tile after tile,
         so a source is its plane's lane base plus (tile * pairs + p) times the plane's bytes a pair."""
-        w_ptr, ngr, npairs, high, scale, lane, _, m, n_tiles = geo[:9]
+        w_ptr, _, npairs, high, scale, lane, _, m, n_tiles = geo[:9]
         tiles = self._tiles(u, m, n_tiles)
         base = cutlass.Int64(w_ptr.toint())
         run = self.scale_run()
