@@ -87,11 +87,13 @@ def tiled_geometry(fmt: str, n: int, k: int):
     return TiledGeometry(fmt, n, k, tiles, ng, hb, base, high_off, high, scale_off, tiles * ng * 32)
 
 
+_HIGH_BITS = (4, 9, 14, 15, 20, 25, 30, 31)  # where `pack_q5` puts the high bits of codes 0-7 of a base word
+
+
 def _spread_table() -> np.ndarray:
-    """Byte b (the high bits of codes 0-7 of a base word) -> where `pack_q5` puts them: bits 4, 9, 14, 15,
-    20, 25, 30, 31."""
+    """Byte b (the high bits of codes 0-7 of a base word) -> those bits at `_HIGH_BITS`."""
     out = np.zeros(256, np.uint32)
-    for c, pos in enumerate((4, 9, 14, 15, 20, 25, 30, 31)):
+    for c, pos in enumerate(_HIGH_BITS):
         out |= ((np.arange(256) >> c) & 1).astype(np.uint32) << np.uint32(pos)
     return out
 
@@ -126,7 +128,7 @@ def unpack_q5(base: np.ndarray, high: np.ndarray) -> None:
         for i in range(2):
             w = base[..., 2 * h + i]
             hb = np.zeros_like(w)
-            for c, pos in enumerate((4, 9, 14, 15, 20, 25, 30, 31)):
+            for c, pos in enumerate(_HIGH_BITS):
                 hb |= ((w >> _U(pos)) & _U(1)) << _U(c)
             hw |= hb << _U(16 * h + 8 * i)
             base[..., 2 * h + i] = ((w & _U(0x000F000F)) | ((w >> _U(1)) & _U(0x00F000F0))
