@@ -48,12 +48,11 @@ def kernel_builds(tmp_path_factory):
 
     def build(variants, archs) -> "os.PathLike":
         pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed (pip install -e '.[kernels]')")
-        from inferno.kernels.cache import ensure_built
+        from inferno.kernels.build import build_pairs
+        from inferno.kernels.cache import stale_reason
 
-        for arch in archs:
-            for v in variants:
-                if arch in v.archs:
-                    ensure_built(v, arch, root)
+        stale = {(v.name, a): (v, a) for a in archs for v in variants if a in v.archs and stale_reason(v, a, root)}
+        build_pairs(list(stale.values()), root, progress=None, jobs=os.cpu_count() or 1)
         return root
 
     return build

@@ -35,8 +35,20 @@ def test_build_then_list(tmp_path):
     assert any(ln.startswith("gemm_wgmma ") and ln.split()[3] == "-" for ln in r.stdout.splitlines())
 
 
+def test_build_in_parallel_processes(tmp_path):
+    """--jobs 2: two spawned compiler processes build every asked (variant, arch), each reported once."""
+    pytest.importorskip("cutlass.cute", reason="CuTe DSL not installed")
+    r = _run("build", "--arch", "sm_90a", "--arch", "sm_120a", "--out", str(tmp_path), "--jobs", "2",
+             "--only", "silu_mul", "--only", "embedding")
+    assert r.returncode == 0, r.stderr
+    built = sorted(ln.split()[1] for ln in r.stderr.splitlines() if ln.startswith("built "))
+    assert built == [f"{a}/{n}.cubin" for a in ("sm_120a", "sm_90a") for n in ("embedding", "silu_mul")]
+    assert all((tmp_path / a / f"{n}.json").is_file() for a in ("sm_90a", "sm_120a") for n in ("silu_mul", "embedding"))
+
+
 @pytest.mark.parametrize("args,message", [
     (["build", "--only", "nope"], "no kernel variant 'nope'"),
+    (["build", "--jobs", "-1", "--only", "silu_mul"], "--jobs -1"),
     (["build", "--arch", "sm_80"], "no kernel builds for --arch sm_80"),
     (["build", "--arch", "sm_120a", "--only", "gemm_wgmma"], "does not build for sm_120a"),
 ])

@@ -519,7 +519,7 @@ def _fits_two(threads: int, regs: int, smem: int) -> bool:
     return 2 * threads * -(-regs // 8) * 8 <= REGS_PER_SM and 2 * (smem + SMEM_RESERVED) <= SMEM_PER_SM
 
 
-def test_stream_k_members_fill_an_sm(tmp_path):
+def test_stream_k_members_fill_an_sm(kernel_builds):
     """Every registered stream-K member (groupwise and NVFP4) takes a whole SM: its grid is one CTA per SM with a
     static split, so a member that fit two CTAs on an SM would be packed two to an SM by PDL's early launch and run
     half its CTAs at half speed (-14 % of decode, docs/performance.md session 12). The members pad their shared
@@ -529,15 +529,17 @@ def test_stream_k_members_fill_an_sm(tmp_path):
 
     from cute_kernels.gemv_mma_sk import ONE_CTA_PER_SM
     from inferno.kernels import gemv_mma_nvfp4_variants as N
+    from inferno.kernels.manifest import Manifest
 
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
     members = [v for v in mv.GEMV_MMA_VARIANTS + N.GEMV_MMA_NVFP4_VARIANTS if v.config.get("sk")]
+    root = kernel_builds(members, ["sm_90a"])  # the session's builds (test_kernels_build made them)
     two, small = [], []
     for v in members:
-        m = build_variant(v, "sm_90a", tmp_path)
-        out = subprocess.run([tool, "-res-usage", str(tmp_path / "sm_90a" / f"{v.name}.cubin")], capture_output=True,
+        m = Manifest.read(root / "sm_90a" / f"{v.name}.json")
+        out = subprocess.run([tool, "-res-usage", str(root / "sm_90a" / f"{v.name}.cubin")], capture_output=True,
                              text=True, check=True).stdout
         regs = int(re.search(r"REG:(\d+)", out).group(1))
         if _fits_two(m.block[0], regs, m.smem):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -18,6 +19,7 @@ def build(
     arch: List[str] = typer.Option(None, "--arch", help="target arch (repeatable); default sm_90a and sm_120a"),
     out: Optional[Path] = typer.Option(None, "--out", help="output root (default: the kernel cache)"),
     only: List[str] = typer.Option(None, "--only", help="build only this variant (repeatable)"),
+    jobs: int = typer.Option(0, "--jobs", "-j", help="compiler processes at once (default: one per CPU core)"),
 ) -> None:
     """Compile kernel variants to OUT/<arch>/<variant>.cubin + .json (no GPU needed)."""
     from inferno.kernels.build import build_all
@@ -34,8 +36,10 @@ def build(
             if not any(a in v.archs for a in archs):
                 raise UsageError(f"kernel {v.name} does not build for {', '.join(archs)} "
                                  f"(it builds for {', '.join(v.archs)})")
+    if jobs < 0:
+        raise UsageError(f"--jobs {jobs}: give a number of processes >= 1 (0: one per CPU core)")
     root = out or cache_root()
-    built = build_all(chosen, archs, root)
+    built = build_all(chosen, archs, root, jobs=jobs or os.cpu_count() or 1)
     print(f"{len(built)} kernels in {root}", file=sys.stderr)
 
 

@@ -209,17 +209,42 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def build_all(variants: list[Variant], archs: list[str], out_dir: Path, progress=sys.stderr) -> list[Manifest]:
-    """Build every (variant, arch) pair the variant supports; progress lines go to `progress`."""
-    done = []
-    for arch in archs:
-        for v in variants:
-            if arch not in v.archs:
-                continue
-            t = time.perf_counter()
-            m = build_variant(v, arch, out_dir)
-            if progress is not None:
-                print(f"built {arch}/{v.name}.cubin  block {m.block[0]}  smem {m.smem}  "
-                      f"{len(m.params)} params  {time.perf_counter() - t:.2f}s", file=progress)
-            done.append(m)
-    return done
+def build_all(variants: list[Variant], archs: list[str], out_dir: Path, progress=sys.stderr,
+              jobs: int = 1) -> list[Manifest]:
+    """Build every (variant, arch) pair the variant supports, `jobs` compiler processes at once; progress
+    lines go to `progress`."""
+    return build_pairs([(v, a) for a in archs for v in variants if a in v.archs], out_dir, progress, jobs)
+
+
+def build_pairs(pairs: list[tuple[Variant, str]], out_dir: Path, progress=sys.stderr,
+                jobs: int = 1) -> list[Manifest]:
+    """Build each (variant, arch) of `pairs` into out_dir, in `jobs` processes (each imports the DSL once:
+    worth it past a few builds); the manifests in the order of `pairs`."""
+    if jobs <= 1 or len(pairs) < 2:
+        done = [_timed_build(v, a, out_dir) for v, a in pairs]
+        for (v, a), r in zip(pairs, done):
+            _report(progress, v, a, *r)
+        return [m for m, _ in done]
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    # spawned, not forked: the parent may hold the DSL's compiler state, which a fork does not carry over
+    with ProcessPoolExecutor(min(jobs, len(pairs)), mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_timed_build, v, a, out_dir): i for i, (v, a) in enumerate(pairs)}
+        done: list = [None] * len(pairs)
+        for f in as_completed(futures):
+            i = futures[f]
+            done[i] = f.result()
+            _report(progress, *pairs[i], *done[i])
+    return [m for m, _ in done]
+
+
+def _timed_build(v: Variant, arch: str, out_dir: Path) -> tuple[Manifest, float]:
+    t = time.perf_counter()
+    return build_variant(v, arch, out_dir), time.perf_counter() - t
+
+
+def _report(progress, v: Variant, arch: str, m: Manifest, seconds: float) -> None:
+    if progress is not None:
+        print(f"built {arch}/{v.name}.cubin  block {m.block[0]}  smem {m.smem}  {len(m.params)} params  "
+              f"{seconds:.2f}s", file=progress)
