@@ -220,22 +220,25 @@ def build_pairs(pairs: list[tuple[Variant, str]], out_dir: Path, progress=sys.st
                 jobs: int = 1) -> list[Manifest]:
     """Build each (variant, arch) of `pairs` into out_dir, in `jobs` processes (each imports the DSL once:
     worth it past a few builds); the manifests in the order of `pairs`."""
+    done: list = [None] * len(pairs)
     if jobs <= 1 or len(pairs) < 2:
-        done = [_timed_build(v, a, out_dir) for v, a in pairs]
-        for (v, a), r in zip(pairs, done):
-            _report(progress, v, a, *r)
+        for i, (v, a) in enumerate(pairs):
+            done[i] = _timed_build(v, a, out_dir)
+            _report(progress, v, a, *done[i])
         return [m for m, _ in done]
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
     # spawned, not forked: the parent may hold the DSL's compiler state, which a fork does not carry over
-    with ProcessPoolExecutor(min(jobs, len(pairs)), mp_context=get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(min(jobs, len(pairs)), mp_context=get_context("spawn"))
+    try:
         futures = {pool.submit(_timed_build, v, a, out_dir): i for i, (v, a) in enumerate(pairs)}
-        done: list = [None] * len(pairs)
         for f in as_completed(futures):
             i = futures[f]
             done[i] = f.result()
             _report(progress, *pairs[i], *done[i])
+    finally:  # a failed build ends the whole build at once: the queued ones are dropped
+        pool.shutdown(cancel_futures=True)
     return [m for m, _ in done]
 
 
