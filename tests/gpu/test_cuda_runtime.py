@@ -392,6 +392,42 @@ def test_to_device_and_arena(dev, rng):
     own.free()
 
 
+
+def test_upload_ring(dev, rng):
+    """Odd sizes, a source longer than a slot, the ring wrapping, each source overwritten right after
+    `copy` returns, and the bytes past each copy untouched."""
+    from inferno.cuda.staging import UploadRing
+
+    slot = 1 << 16
+    sizes = [1, 7, slot - 1, slot, slot + 3, 5 * slot + 17, 12345]
+    s = Stream.create()
+    ring = UploadRing(s, slots=3, slot_bytes=slot)
+    bufs, want = [], []
+    try:
+        for i, n in enumerate(sizes):
+            src = rng.integers(0, 256, n, dtype=np.uint8)
+            want.append(src.copy())
+            buf = device_alloc(n + 64, f"ring {i}")
+            memset_d8(buf, 0xA5)
+            bufs.append(buf)
+            ring.copy(buf, src)
+            src[:] = rng.integers(0, 256, n, dtype=np.uint8)  # free again: the queued copy must not see this
+        ring.close()
+        for buf, w in zip(bufs, want):
+            got = from_device(buf, np.uint8, (buf.nbytes,))
+            np.testing.assert_array_equal(got[:w.size], w)
+            assert (got[w.size:] == 0xA5).all()
+        ring.copy(bufs[0], want[1])  # usable again after close
+        ring.close()
+        assert from_device(bufs[0], np.uint8, (7,)).tolist() == want[1].tolist()
+        with pytest.raises(Exception, match="does not fit"):
+            ring.copy(bufs[0], np.zeros(bufs[0].nbytes + 1, np.uint8))
+    finally:
+        ring.close()
+        for buf in bufs:
+            buf.free()
+        s.close()
+
 # ---- streams and events ---------------------------------------------------------------------------
 
 def test_event_timing_and_cross_stream_wait(dev):

@@ -105,7 +105,7 @@ class Ops(Protocol):
     """Device memory plus the kernels of one decode step; all work is queued in order."""
 
     def alloc(self, name: str, nbytes: int) -> DeviceBuffer: ...
-    def upload(self, buf: DeviceBuffer, array: np.ndarray) -> None: ...  # synchronous
+    def upload(self, buf: DeviceBuffer, array: np.ndarray) -> None: ...  # queued; `array` is free again at return
     def download(self, buf: DeviceBuffer, dtype: Any, shape: tuple[int, ...]) -> np.ndarray: ...  # waits for queued work
     def zero(self, buf: DeviceBuffer) -> None: ...
     def write(self, buf: DeviceBuffer, array: np.ndarray) -> None: ...  # queued; `array` stays untouched until synced
@@ -165,6 +165,7 @@ class CudaOps:
     branches = False  # side() forks onto a second stream only while set (graph capture)
     _side: tuple | None = None  # (stream, fork event, join event), made on first use
     _forked = False
+    _uploads: Any = None  # the UploadRing of `upload`, made on first use, freed by `synchronize`
 
     def __init__(self, device: Any, capacity: int, config: ModelConfig, attn_group: int | None, pdl: bool = True):
         from inferno.cuda import DeviceArena, Stream
@@ -278,9 +279,11 @@ class CudaOps:
         return self.arena.alloc(name, nbytes)
 
     def upload(self, buf: DeviceBuffer, array: np.ndarray) -> None:
-        from inferno.cuda import h2d
+        if self._uploads is None:
+            from inferno.cuda.staging import UploadRing
 
-        h2d(buf, np.ascontiguousarray(array))
+            self._uploads = UploadRing(self.stream)
+        self._uploads.copy(buf, array)
 
     def download(self, buf: DeviceBuffer, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
         from inferno.cuda import d2h
@@ -307,6 +310,9 @@ class CudaOps:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+        if self._uploads is not None:  # the upload slots' pinned memory goes back
+            self._uploads.close()
+            self._uploads = None
 
     def marker(self) -> Callable[[], None]:
         from inferno.cuda import Event
@@ -489,7 +495,7 @@ class CudaOps:
         self._sampler(logits, counts, scratch, out, n, params, u, stream=self.stream)
 
     def close(self) -> None:
-        self.stream.synchronize()
+        self.synchronize()
         for g in self._gemv.values():  # the stream-K GEMVs' workspaces
             if hasattr(g, "free"):
                 g.free()

@@ -98,6 +98,7 @@ def upload_weights(ops: Ops, artifact: Artifact, expected: dict[str, ExpectedTen
                 _upload_next(ops, pending, out, bar)
         while pending:
             _upload_next(ops, pending, out, bar)
+    ops.synchronize()  # the last copies land (and the upload staging is freed)
     bar.close()
     return out
 
