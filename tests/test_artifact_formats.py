@@ -306,6 +306,8 @@ def test_groupwise_decode_rejects_broken_payloads():
         patch(data)
         with pytest.raises(ArtifactError, match=match):
             F.decode("Q5G64_F16S", RS, data.tobytes(), (3, 130))
+        with pytest.raises(ArtifactError, match=match):
+            groupwise.decode_bf16("Q5G64_F16S", data.tobytes(), (3, 130), workers=2)
 
     bad(lambda d: d.__setitem__(geo.base_bytes, 1), "plane padding")
     bad(lambda d: d.__setitem__(geo.high_offset + geo.high_bytes, 1), "plane padding")
@@ -322,6 +324,25 @@ def test_groupwise_decode_rejects_broken_payloads():
     w8[0] = 0x80
     with pytest.raises(ArtifactError, match="-128"):
         F.decode("W8G32_F16S", RS, w8, (1, 32))
+    with pytest.raises(ArtifactError, match="-128"):
+        groupwise.decode_bf16("W8G32_F16S", w8, (1, 32))
+
+
+@pytest.mark.parametrize("fmt", list(groupwise.SCHEMES))
+def test_decode_bf16_is_decode_rounded(fmt, monkeypatch):
+    """decode_bf16 (row chunks on threads, its own rounding) gives decode's values rounded to bf16, bit for
+    bit: ties, zero groups, a ragged K, more chunks than threads, higher rank."""
+    rng = np.random.default_rng(11)
+    monkeypatch.setattr(groupwise, "_ROWS_PER_CHUNK_ELEMS", 3 * 256)  # a few rows a chunk
+    for shape in ((37, 200), (2, 9, 130), (1, 64)):
+        w = rng.standard_normal(shape).astype(np.float32) * rng.uniform(1e-3, 1e3, (*shape[:-1], 1))
+        w.reshape(-1, shape[-1])[::5] = 0.0
+        pay = F.encode(fmt, RS, w)
+        want = F.decode(fmt, RS, pay, shape).astype(ml_dtypes.bfloat16)
+        for workers in (1, 3):
+            got = groupwise.decode_bf16(fmt, pay, shape, workers)
+            assert got.dtype == ml_dtypes.bfloat16 and got.shape == shape
+            np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
 
 
 def test_q_formats_pack_every_legal_code():

@@ -214,7 +214,46 @@ def unpack(fmt: str, data, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarr
     with all-zero codes) and, for W8, no code -128.
     """
     geo = geometry(fmt, shape)
-    s = geo.scheme
+    buf, scales = _checked_planes(fmt, geo, data, shape)
+    codes = np.empty((geo.rows, geo.k), dtype=np.int8)
+    for r0, r1 in _row_chunks(geo):
+        codes[r0:r1] = _codes(fmt, geo, buf, scales, r0, r1)
+    lead = tuple(shape[:-1])
+    return codes.reshape(*lead, geo.k), scales.reshape(*lead, geo.logical_groups)
+
+
+def decode_bf16(fmt: str, data, shape: tuple[int, ...], workers: int = 1) -> np.ndarray:
+    """row-split-k128-v1 payload -> bfloat16 values in `shape` (the one rounding of f32(scale) * code, as
+    `decode(...).astype(bfloat16)`), checked as `unpack` checks, row chunks on `workers` threads (numpy
+    releases the GIL in their work), with no float32 copy of the whole matrix."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ml_dtypes import bfloat16
+
+    geo = geometry(fmt, shape)
+    buf, scales = _checked_planes(fmt, geo, data, shape)
+    out = np.empty((geo.rows, geo.k), dtype=np.uint16)
+
+    def chunk(rows: tuple[int, int]) -> None:
+        r0, r1 = rows
+        f = dequantize(fmt, _codes(fmt, geo, buf, scales, r0, r1), scales[r0:r1])
+        u = f.view(np.uint32)  # the products are exact: round them to bf16, nearest even
+        out[r0:r1] = (u + (0x7FFF + ((u >> 16) & 1))) >> 16
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        list(pool.map(chunk, _row_chunks(geo)))
+    return out.view(bfloat16).reshape(shape)
+
+
+def _row_chunks(geo: Geometry) -> list[tuple[int, int]]:
+    """Row ranges of about _ROWS_PER_CHUNK_ELEMS codes."""
+    rows_per = max(1, _ROWS_PER_CHUNK_ELEMS // geo.k_pad)
+    return [(r0, min(geo.rows, r0 + rows_per)) for r0 in range(0, geo.rows, rows_per)]
+
+
+def _checked_planes(fmt: str, geo: Geometry, data, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(payload bytes, scales float16 [rows, logical groups]) after the checks of length, plane padding,
+    scale values and padding groups' scales."""
     buf = np.frombuffer(data, dtype=np.uint8)
     if buf.size != geo.nbytes:
         raise ArtifactError(f"{fmt} payload of shape {list(shape)} needs {geo.nbytes} bytes, got {buf.size}")
@@ -222,38 +261,38 @@ def unpack(fmt: str, data, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarr
             buf[geo.high_offset + geo.high_bytes:geo.scale_offset]]
     if any(p.any() for p in pads):
         raise ArtifactError(f"{fmt} payload has nonzero plane padding (row-split-k128-v1 requires zeros)")
-    gpr = geo.groups_per_row
-    sc_all = buf[geo.scale_offset:].view("<f2").reshape(geo.rows, gpr)
+    sc_all = buf[geo.scale_offset:].view("<f2").reshape(geo.rows, geo.groups_per_row)
     sc_bits = sc_all.view(np.uint16)
     if np.any((sc_bits & 0x8000) != 0) or np.any((sc_bits & 0x7C00) == 0x7C00):
         raise ArtifactError(f"{fmt} payload holds a negative, infinite or NaN scale")
     if sc_all[:, geo.logical_groups:].view(np.uint16).any():
         raise ArtifactError(f"{fmt} payload has a nonzero scale in a padding group")
-    codes = np.empty((geo.rows, geo.k), dtype=np.int8)
-    rows_per = max(1, _ROWS_PER_CHUNK_ELEMS // geo.k_pad)
-    for r0 in range(0, geo.rows, rows_per):
-        r1 = min(geo.rows, r0 + rows_per)
-        g0, g1 = r0 * gpr, r1 * gpr
-        base = buf[geo.base_offset + g0 * 32: geo.base_offset + g1 * 32].reshape(-1, 32)
-        high = None
-        if s.high_bytes:
-            hb = s.high_bytes
-            high = buf[geo.high_offset + g0 * hb: geo.high_offset + g1 * hb].reshape(-1, hb)
-        q = _unpack_group_codes(s, base, high).reshape(r1 - r0, geo.k_pad)
-        if q[:, geo.k:].any():
-            raise ArtifactError(f"{fmt} payload has nonzero codes in the K padding")
-        codes[r0:r1] = q[:, :geo.k]
-    scales = np.ascontiguousarray(sc_all[:, :geo.logical_groups]).astype(np.float16)
+    return buf, np.ascontiguousarray(sc_all[:, :geo.logical_groups]).astype(np.float16)
+
+
+def _codes(fmt: str, geo: Geometry, buf: np.ndarray, scales: np.ndarray, r0: int, r1: int) -> np.ndarray:
+    """Codes int8 [r1 - r0, K] of rows r0 .. r1 - 1, after the checks of their K padding, W8's -128 and
+    the codes of groups whose scale is 0."""
+    s, gpr = geo.scheme, geo.groups_per_row
+    g0, g1 = r0 * gpr, r1 * gpr
+    base = buf[geo.base_offset + g0 * 32: geo.base_offset + g1 * 32].reshape(-1, 32)
+    high = None
+    if s.high_bytes:
+        hb = s.high_bytes
+        high = buf[geo.high_offset + g0 * hb: geo.high_offset + g1 * hb].reshape(-1, hb)
+    q = _unpack_group_codes(s, base, high).reshape(r1 - r0, geo.k_pad)
+    if q[:, geo.k:].any():
+        raise ArtifactError(f"{fmt} payload has nonzero codes in the K padding")
+    codes = q[:, :geo.k]
     if s.bits == 8 and np.any(codes == -128):
         raise ArtifactError(f"{fmt} payload holds code -128 (W8 codes are [-127, 127])")
-    zero_scale = scales == 0
+    zero_scale = scales[r0:r1] == 0
     if zero_scale.any():
-        padded = np.zeros((geo.rows, geo.logical_groups * s.group), dtype=np.int8)
+        padded = np.zeros((r1 - r0, geo.logical_groups * s.group), dtype=np.int8)
         padded[:, :geo.k] = codes
-        if np.any(padded.reshape(geo.rows, geo.logical_groups, s.group)[zero_scale]):
+        if np.any(padded.reshape(r1 - r0, geo.logical_groups, s.group)[zero_scale]):
             raise ArtifactError(f"{fmt} payload has nonzero codes in a group whose scale is 0")
-    lead = tuple(shape[:-1])
-    return codes.reshape(*lead, geo.k), scales.reshape(*lead, geo.logical_groups)
+    return codes
 
 
 def _unpack_group_codes(s: Scheme, base: np.ndarray, high: np.ndarray | None) -> np.ndarray:

@@ -56,7 +56,11 @@ def host_image(p: Placement, artifact: Artifact, expected: dict[str, ExpectedTen
         data = tile(p.fmt, payload, *p.shape)
     elif p.stored == DEQUANT_BF16:
         e = expected[p.sources[0]]
-        data = formats.decode(e.format, e.layout, artifact.tensor_bytes(e.name), e.shape).astype(bfloat16)
+        if e.format in formats.groupwise.SCHEMES:  # the embedding table: large, decoded on every core
+            data = formats.groupwise.decode_bf16(e.format, artifact.tensor_bytes(e.name), e.shape,
+                                                 os.cpu_count() or 1)
+        else:
+            data = formats.decode(e.format, e.layout, artifact.tensor_bytes(e.name), e.shape).astype(bfloat16)
     elif p.stored == ROWS:
         data = _row_slice(expected[p.sources[0]], artifact.tensor_bytes(p.sources[0]), *p.rows)
     elif p.stored == CONCAT:
