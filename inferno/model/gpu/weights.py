@@ -107,7 +107,7 @@ def upload_weights(ops: Ops, artifact: Artifact, expected: dict[str, ExpectedTen
     return out
 
 
-PREPARE_AHEAD = 6  # host images made ahead of the upload (bounds host memory to a few matrices)
+PREPARE_AHEAD = 12  # host images made ahead of the upload, on as many threads (bounds host memory to a few matrices)
 
 
 def _upload_next(ops: Ops, pending: deque, out: dict[str, DeviceTensor], bar) -> None:
