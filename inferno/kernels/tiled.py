@@ -100,6 +100,7 @@ def _spread_table() -> np.ndarray:
 
 _SPREAD = _spread_table()
 _U = np.uint32
+Q5_SLICE = 512  # blocks `tile` packs at a time (256 KiB of base words)
 
 
 def pack_q5(base: np.ndarray, high: np.ndarray) -> None:
@@ -178,7 +179,9 @@ def tile(fmt: str, payload, n: int, k: int) -> np.ndarray:
     sc = _rows(sc, n, nt).reshape(nt, 2, 8, ng // 2, 2)  # [tile, half, g, pair, j]
     out[t.scale_offset:].view(np.uint16).reshape(nt, ng // 2, 8, 2, 2)[...] = sc.transpose(0, 3, 2, 4, 1)
     if g.scheme.bits == 5:
-        pack_q5(*_q5_planes(out, t))
+        base, high = _q5_planes(out, t)
+        for b0 in range(0, base.shape[0], Q5_SLICE):  # slices whose temporaries stay in the caches
+            pack_q5(base[b0:b0 + Q5_SLICE], high[b0:b0 + Q5_SLICE])
     return out
 
 

@@ -38,7 +38,41 @@ def widen(src: str, dst: str, payload, shape: tuple[int, int]) -> np.ndarray:
         raise ArtifactError(f"cannot narrow {src} to {dst} exactly")
     if src == dst:
         return np.frombuffer(payload, np.uint8)
+    if src == "Q4G64_F16S":
+        return _widen_q4(dst, payload, shape)
     return groupwise.pack(dst, *groupwise.unpack(src, payload, shape))
+
+
+def _sign_table(hb: int) -> np.ndarray:
+    """Two Q4 base bytes (4 codes, a little-endian uint16) -> the high bits Q5 (hb = 1) or Q6 (hb = 2) stores
+    for those codes: each code's sign (its nibble's bit 3), hb times, code after code from bit 0."""
+    x = np.arange(1 << 16, dtype=np.uint32)
+    out = np.zeros(1 << 16, np.uint32)
+    for c in range(4):
+        out |= ((x >> (4 * c + 3)) & 1) * ((1 << hb) - 1) << (hb * c)
+    return out.astype(np.uint8)
+
+
+_SIGNS = {1: _sign_table(1), 2: _sign_table(2)}
+
+
+def _widen_q4(dst: str, payload, shape: tuple[int, int]) -> np.ndarray:
+    """A Q4 payload as Q5 / Q6 (`pack(dst, *unpack(Q4, ...))`, byte for byte, with no codes array): the base
+    and scale planes are Q4's (a code's low 4 bits; the same groups), and a code's bits 4 and up in the high
+    plane are its sign."""
+    src_geo, geo = groupwise.geometry("Q4G64_F16S", shape), groupwise.geometry(dst, shape)
+    buf = np.frombuffer(payload, np.uint8)
+    if buf.size != src_geo.nbytes:
+        raise ArtifactError(f"Q4G64_F16S {list(shape)} payload has {buf.size} bytes, its format needs "
+                            f"{src_geo.nbytes}")
+    out = np.zeros(geo.nbytes, np.uint8)
+    out[:geo.base_bytes] = buf[:src_geo.base_bytes]
+    hb = geo.scheme.bits - 4
+    quads = _SIGNS[hb][buf[:src_geo.base_bytes].view("<u2")]  # the high bits of 4 codes
+    high = quads if hb == 2 else quads[0::2] | (quads[1::2] << 4)
+    out[geo.high_offset:geo.high_offset + geo.high_bytes] = high
+    out[geo.scale_offset:] = buf[src_geo.scale_offset:]
+    return out
 
 
 def stack_rows(parts: Sequence[tuple[str, object, tuple[int, int]]]) -> tuple[str, np.ndarray, tuple[int, int]]:
