@@ -655,6 +655,8 @@ class GemvMma:
         n_rec = self.cols * ngr * 4
         r = it * self.threads + tidx
         rr = cutlass.min(r, n_rec - 1)  # in range: whole quads stay in step
+        if cutlass.const_expr(self.cols == 1):  # no division (rr >= 0, and rr < 4 ngr)
+            return r, rr, rr & 3, rr >> 2, 0
         return r, rr, rr % 4, rr // 4 % ngr, rr // (4 * ngr)
 
     @cute.jit

@@ -91,6 +91,15 @@ def _mad_wide(a, b: int, c, *, loc=None, ip=None) -> cutlass.Int64:
 
 
 @dsl_user_op
+def _udiv(a, b, *, loc=None, ip=None) -> cutlass.Int32:
+    """a // b as unsigned 32-bit (a, b >= 0): ~10 instructions, where a signed or 64-bit `//` is a long call."""
+    return cutlass.Int32(llvm.inline_asm(
+        T.i32(), [cutlass.Int32(a).ir_value(loc=loc, ip=ip), cutlass.Int32(b).ir_value(loc=loc, ip=ip)],
+        "div.u32 $0, $1, $2;", "=r,r,r", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
 def _lds(addr, n: int, *, loc=None, ip=None):
     """n (1, 2, 4) words from shared address addr."""
     vec = "" if n == 1 else f".v{n}"
@@ -213,11 +222,15 @@ class GemvMmaSK(GemvMma):
         k = cute.size(mX, mode=[1])
         n_w, n_tiles, n_units, ngr, npairs = self.geometry(m, k)
         high, scale = self._planes(n_tiles, ngr)
+        # warp wg's run: q blocks, one more for the first `rem` warps (no 64-bit division: this prologue is on
+        # the critical path of the CTAs that start last)
         nblk = n_units * npairs
         nwarps = nctas * self.warps
         wg = bidx * self.warps + warp
-        b0 = cutlass.Int32(cutlass.Int64(wg) * nblk // nwarps)
-        b1 = cutlass.Int32(cutlass.Int64(wg + 1) * nblk // nwarps)
+        q = _udiv(nblk, nwarps)
+        rem = nblk - q * nwarps
+        b0 = wg * q + cutlass.min(wg, rem)
+        b1 = b0 + q + cutlass.Int32(wg < rem)
 
         xsd = self.xs_smem(smem, mX, mN, eps, add)
         own = ring is None  # a caller passing the ring owns the shared-memory layout: no padding then
@@ -276,10 +289,10 @@ class GemvMmaSK(GemvMma):
             hbuf = cute.make_rmem_tensor((max(self.hw, 1), 2, nb, 1), cutlass.Int32)
             sb = cute.make_rmem_tensor((2, nb, 1), cutlass.Int32)
         bufs = (wb, hbuf, sb, sb)
-        # load cursor (unit lu, pair lp) of block b0 + (loads issued)
-        lu = b0 // npairs
-        lp = b0 - lu * npairs
-        lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, S)  # before the wait: the weights are static
+        # (u, p): block b0's unit and pair, the compute cursor; (lu, lp): the load cursor, S - 1 blocks ahead
+        u = _udiv(b0, npairs)
+        p = b0 - u * npairs
+        lu, lp = self._prologue(geo, bufs, sl, u, p, n, S)  # before the wait: the weights are static
         gv = None
         if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
             gv = self.load_norm_w(xsd, k, ngr)
@@ -301,8 +314,6 @@ class GemvMmaSK(GemvMma):
         kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
         acc = cute.make_rmem_tensor((4, self.slots), cutlass.Float32)
         acc.fill(0.0)
-        u = b0 // npairs  # compute cursor
-        p = b0 - u * npairs
         seg = cutlass.Int32(0)
         held = cutlass.Int32(-1)  # a unit whose sums are in ws but whose count waits for the run's end
         held_seg = cutlass.Int32(0)
