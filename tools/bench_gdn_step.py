@@ -4,9 +4,10 @@ bandwidth of the same run.
     python tools/bench_gdn_step.py [--batch 1 4] [--layers 48] [--reps 20] [--no-pdl] [--out bench_gdn_step.json]
 
 Cases: `old` = gdn_conv + gdn_step (two launches per layer), `gdn_step` alone, and every fused
-`gdn_conv_step*` variant (one launch per layer; `gdn_conv_step` is the default the executor runs,
-`gdn_conv_step_v1` the first fused kernel, for A/B). The fused kernels are launched with PDL as in
-the executor (each one starts while its predecessor drains; `--no-pdl` serialises them); gdn_conv
+`gdn_conv_step*` variant (one launch per layer; `gdn_conv_step_sums` is the one the executor runs after an
+accumulating q|k|v|z GEMV: x and z fp32 sums, zeroed once read, so later replays read zeros; `gdn_conv_step`
+the same on bf16 inputs, `gdn_conv_step_v1` the first fused kernel, for A/B). The fused kernels are launched
+with PDL as in the executor (each one starts while its predecessor drains; `--no-pdl` serialises them); gdn_conv
 and gdn_step do not use PDL. Each case captures `layers` back-to-back layer launches into a CUDA
 graph, every layer with its own fp32 state (3 MiB per sequence), conv window and conv weights, so
 no layer finds its state in L2 (48 x 3 MiB > the 50 MiB L2), as in decode. Time = median over
@@ -84,6 +85,9 @@ class Layers:
         self.a = self.mix.view((C + ZW) * 2, self.mix.nbytes - (C + ZW) * 2, "a")
         self.b = self.mix.view((C + ZW + HV) * 2, self.mix.nbytes - (C + ZW + HV) * 2, "b")
         self.qkv = up(np.zeros((nb, C), bf16), "qkv")
+        # the `_sums` kernel's inputs: an accumulating GEMV's fp32 sums of x (q|k|v) and z, zeroed once read
+        self.x_sums = up(rng.standard_normal((nb, C), np.float32), "x_sums")
+        self.z_sums = up(rng.standard_normal((nb, ZW), np.float32), "z_sums")
         self.out = up(np.zeros((nb, ZW), bf16), "out")
         self.a_log = up(np.log(rng.uniform(1, 16, HV)).astype(np.float32), "a_log")
         self.dt_bias = up(np.log(np.expm1(rng.uniform(1e-3, 0.1, HV))).astype(np.float32), "dt_bias")
@@ -101,12 +105,14 @@ class Layers:
         self.bufs.append(buf)
         return buf
 
-    def bytes_per_layer(self, fused: bool) -> int:
+    def bytes_per_layer(self, fused: bool, sums: bool = False) -> int:
+        """`sums`: x and z read as fp32 and written back as zeros."""
         nb = self.nb
         state = 2 * nb * HV * D * D * 4
-        conv = nb * (C + 2 * (K - 1) * C) * 2 + K * C * 2  # x, window read + written, weights
-        rest = nb * (2 * ZW + 2 * HV) * 2  # z, out, a, b
-        return state + conv + rest + (0 if fused else 2 * nb * C * 2)  # the unfused path writes + reads qkv
+        conv = nb * 2 * (K - 1) * C * 2 + K * C * 2  # window read + written, weights
+        rest = nb * (ZW + 2 * HV) * 2  # out, a, b
+        inputs = nb * (C + ZW) * (8 if sums else 2)  # x, z
+        return state + conv + rest + inputs + (0 if fused else 2 * nb * C * 2)  # unfused: qkv written + read
 
     def free(self) -> None:
         for b in self.bufs:
@@ -127,9 +133,11 @@ def run_case(name: str, layers: Layers, n: int, stream: Stream, reps: int, launc
                 launchers["gdn_step"](L.qkv, L.z, L.a, L.b, L.a_log, L.dt_bias, L.norm_w, L.state[i], L.slots, L.out,
                                       nb, HK, HV, nb, 1e-6, z_stride=ROW, stream=stream, **strides)
             if name not in ("old", "gdn_step"):
-                launchers[name](L.x, L.conv_st[i], L.conv_w[i], L.z, L.a, L.b, L.a_log, L.dt_bias, L.norm_w,
-                                L.state[i], L.slots, L.sync, L.out, nb, HK, HV, nb, 1e-6, x_stride=ROW, z_stride=ROW,
-                                stream=stream, **strides)
+                sums = name.endswith("_sums")
+                x, z = (L.x_sums, L.z_sums) if sums else (L.x, L.z)
+                launchers[name](x, L.conv_st[i], L.conv_w[i], z, L.a, L.b, L.a_log, L.dt_bias, L.norm_w,
+                                L.state[i], L.slots, L.sync, L.out, nb, HK, HV, nb, 1e-6,
+                                x_stride=C if sums else ROW, z_stride=ZW if sums else ROW, stream=stream, **strides)
     ge = g.instantiate()
     try:
         ms = timed(lambda: ge.launch(stream), stream, reps)
@@ -177,7 +185,7 @@ def main() -> None:
                 except Exception as e:
                     log(f"B={nb} {name}: failed: {e}")
                     continue
-                nbytes = layers.bytes_per_layer(name not in ("old", "gdn_step"))
+                nbytes = layers.bytes_per_layer(name not in ("old", "gdn_step"), name.endswith("_sums"))
                 gbs = nbytes / us / 1e3
                 base = us if name == "old" else base
                 row = dict(batch=nb, case=name, us_per_layer=round(us, 3), us_per_step_48=round(48 * us, 1),
