@@ -92,7 +92,8 @@ def _mad_wide(a, b: int, c, *, loc=None, ip=None) -> cutlass.Int64:
 
 @dsl_user_op
 def _udiv(a, b, *, loc=None, ip=None) -> cutlass.Int32:
-    """a // b as unsigned 32-bit (a, b >= 0): ~10 instructions, where a signed or 64-bit `//` is a long call."""
+    """a // b as unsigned 32-bit (a, b >= 0): ~20 inline instructions, where a 64-bit `//` is a call and a
+    signed one longer."""
     return cutlass.Int32(llvm.inline_asm(
         T.i32(), [cutlass.Int32(a).ir_value(loc=loc, ip=ip), cutlass.Int32(b).ir_value(loc=loc, ip=ip)],
         "div.u32 $0, $1, $2;", "=r,r,r", has_side_effects=False, is_align_stack=False,
