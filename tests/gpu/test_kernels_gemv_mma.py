@@ -179,10 +179,12 @@ def test_fast_alternatives(device, rng, fmt):
     _run_fast(device, rng, fmt, vs)
 
 
+@pytest.mark.parametrize("shape", ["ragged", "27b"])
 @pytest.mark.parametrize("epi", EPILOGUE_NAMES)
-def test_sk_workspace_cleans_itself(device, rng, epi):
-    """Repeated launches on the same output buffer (one workspace) stay right: each leaves it zeroed."""
-    fmt, (n, k) = "Q4G64_F16S", RAGGED
+def test_sk_workspace_cleans_itself(device, rng, epi, shape):
+    """Repeated launches on the same output buffer (one workspace) stay right: each leaves it zeroed, the
+    unit counters and the fp32 sums alike, on a ragged shape and on the 27B shape of its epilogue."""
+    fmt, (n, k) = "Q4G64_F16S", RAGGED if shape == "ragged" else {"swiglu": GATE_UP, "plain": GDN_OUT}.get(epi, DOWN)
     kern = mv.GemvMmaSK(load(mv.make_sk_variant(fmt, epi), device))
     pay, dw = weights(fmt, n, k, rng)
     m = n // 2 if epi == "swiglu" else n
@@ -201,6 +203,9 @@ def test_sk_workspace_cleans_itself(device, rng, epi):
             want = ql.reference(fmt, pay, n, k, x.astype(np.float32), epi,
                                 r.astype(np.float32) if dr is not None else None, np.arange(m))
             assert rel_error(y, want.astype(np.float32)) <= BF16_TOL
+        for ws in kern._ws.values():
+            words = from_device(ws, np.uint32, (ws.nbytes // 4,))
+            assert not words.any(), f"{np.count_nonzero(words)} workspace words left nonzero"
     finally:
         kern.free()
         for b in (dx, dy, dr):
