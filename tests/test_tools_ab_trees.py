@@ -72,3 +72,11 @@ def test_refusals(tmp_path, monkeypatch):
     monkeypatch.setattr(ab, "stale_in", lambda tree, base: [])
     with pytest.raises(SystemExit, match="pass --synth MODEL"):
         ab.main(["bench", "N", "--base", str(tmp_path / "base"), "--artifact", str(tmp_path / "none.ninfer")])
+
+
+def test_summary_of_a_report():
+    run = {"decode": {"tok_s": {"median": 200.04}}, "prefill": {"tok_s": {"median": 10500.0}},
+           "decode_roofline_ratio": 0.7567}
+    assert ab._summary({"runs": [run], "limits": {"copy_gbps": 4270.8}}) == (200.04, "75.67", 10500.0, 4270.8)
+    run["decode_roofline_ratio"] = None
+    assert ab._summary({"runs": [run], "limits": {}})[1::2] == ("", 0)

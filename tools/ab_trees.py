@@ -149,25 +149,26 @@ def bench(order: list[str], artifact: str, out: Path, base: Path, extra: list[st
         with open(out / "ab.jsonl", "a") as f:
             f.write(json.dumps({"tree": n, "run": i, "report": r}) + "\n")
         rows.append((n, r))
-        print(f"{i:>2} {n:<8} {_line(r)}", flush=True)
+        decode, ratio, prefill, _ = _summary(r)
+        print(f"{i:>2} {n:<8} decode {decode:.1f} tok/s ({ratio or '-'} % of roofline), prefill {prefill:,.1f} tok/s",
+              flush=True)
     print("\n| run | tree | decode tok/s | % of roofline | prefill tok/s | copy GB/s |\n|---|---|---|---|---|---|")
     for i, (n, r) in enumerate(rows):
         if r is None:
             print(f"| {i} | {n} | failed | | | |")
             continue
-        u, lim = r["runs"][0], r["limits"]
-        ratio = u["decode_roofline_ratio"]
-        print(f"| {i} | {n} | {u['decode']['tok_s']['median']:.1f} | {'' if ratio is None else f'{100 * ratio:.2f}'} | "
-              f"{u['prefill']['tok_s']['median']:,.1f} | {lim.get('copy_gbps') or 0:,.0f} |")
+        decode, ratio, prefill, copy = _summary(r)
+        print(f"| {i} | {n} | {decode:.1f} | {ratio} | {prefill:,.1f} | {copy:,.0f} |")
     shutil.rmtree(work, ignore_errors=True)
 
 
-def _line(r: dict) -> str:
+def _summary(r: dict) -> tuple[float, str, float, float]:
+    """An `inferno bench` report's decode tok/s, % of roofline (text, blank when unmeasured), prefill tok/s
+    and copy GB/s."""
     u = r["runs"][0]
     ratio = u["decode_roofline_ratio"]
-    return (f"decode {u['decode']['tok_s']['median']:.1f} tok/s"
-            + ("" if ratio is None else f" ({100 * ratio:.2f} % of roofline)")
-            + f", prefill {u['prefill']['tok_s']['median']:,.1f} tok/s")
+    return (u["decode"]["tok_s"]["median"], "" if ratio is None else f"{100 * ratio:.2f}",
+            u["prefill"]["tok_s"]["median"], r["limits"].get("copy_gbps") or 0)
 
 
 def main(argv: list[str] | None = None) -> None:
