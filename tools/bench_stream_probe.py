@@ -1,7 +1,7 @@
 """How fast one launch streams a decode GEMV's weight bytes, per-warp cp.async runs vs per-SM bulk copies.
 
     python tools/bench_stream_probe.py --build DIR      (on the dev box: the probes' sm_90a cubins)
-    python tools/bench_stream_probe.py [--pdl]           (on the GPU)
+    python tools/bench_stream_probe.py [--pdl] [--ctas N]  (on the GPU; --ctas: N CTAs, not one per SM)
 
 `cute_kernels/stream_probe.StreamProbe` (memory side only, no decode or math) on the 27B stream-K shapes'
 image sizes: CUDA graphs of >= 24 launches over >= 512 MB of copies, median of 15 (tools/bench_gemv.py's
@@ -44,6 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", metavar="DIR", help="build the probes' sm_90a cubins into DIR and exit")
     ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch, as the decode graph")
+    ap.add_argument("--ctas", type=int, default=0, help="launch this many CTAs (one an SM; default: every SM)")
     a = ap.parse_args()
     if a.build:
         from inferno.kernels.build import build_variant
@@ -63,7 +64,9 @@ def main() -> None:
     probes = {c: load(probe_variant(*c), dev) for c in CONFIGS}
     out = device_alloc(4 * dev.sm_count * 1024, "out")
     names = [probe_variant(*c).name.removeprefix("stream_probe_") for c in CONFIGS]
-    print(f"\ncopy {copy:.0f} GB/s; {dev.name}; PDL {'on' if a.pdl else 'off'}; us per launch (% of copy)")
+    ctas = a.ctas or dev.sm_count
+    print(f"\ncopy {copy:.0f} GB/s; {dev.name}; PDL {'on' if a.pdl else 'off'}; {ctas} CTAs; us per launch "
+          "(% of copy)")
     print("| bytes | MB | floor us | " + " | ".join(names) + " |")
     print("|---" * (3 + len(names)) + "|", flush=True)
     for label, nbytes in SIZES:
@@ -75,7 +78,7 @@ def main() -> None:
 
             def one(i, p=p):
                 args = [TensorArg(w.bufs[i % len(w.bufs)].ptr, (nbytes // 4,)), TensorArg(out.ptr, (out.nbytes // 4,))]
-                launch(p.kernel, (dev.sm_count, 1, 1), p.manifest.block, p.layout.pack(args), p.manifest.smem, stream)
+                launch(p.kernel, (ctas, 1, 1), p.manifest.block, p.layout.pack(args), p.manifest.smem, stream)
 
             one(0)
             stream.synchronize()
