@@ -65,6 +65,8 @@ def main() -> None:
     out = device_alloc(4 * dev.sm_count * 1024, "out")
     names = [probe_variant(*c).name.removeprefix("stream_probe_") for c in CONFIGS]
     ctas = a.ctas or dev.sm_count
+    if not 1 <= ctas <= dev.sm_count:  # out holds one CTA per SM
+        raise SystemExit(f"--ctas must be 1..{dev.sm_count} (one CTA an SM on this {dev.name}), got {ctas}")
     print(f"\ncopy {copy:.0f} GB/s; {dev.name}; PDL {'on' if a.pdl else 'off'}; {ctas} CTAs; us per launch "
           "(% of copy)")
     print("| bytes | MB | floor us | " + " | ".join(names) + " |")
