@@ -1,12 +1,15 @@
 """GDN decode step benchmark at the 27B shape (Hk 16, Hv 48, dk = dv = 128), against the device copy
 bandwidth of the same run.
 
-    python tools/bench_gdn_step.py [--batch 1 4] [--layers 48] [--reps 20] [--no-pdl] [--out bench_gdn_step.json]
+    python tools/bench_gdn_step.py [--batch 1 4] [--layers 48] [--reps 20] [--no-pdl] [--probes] [--out F.json]
 
 Cases: `old` = gdn_conv + gdn_step (two launches per layer), `gdn_step` alone, and every fused
 `gdn_conv_step*` variant (one launch per layer; `gdn_conv_step_sums` is the one the executor runs after an
-accumulating q|k|v|z GEMV: x and z fp32 sums, zeroed once read, so later replays read zeros; `gdn_conv_step`
-the same on bf16 inputs, `gdn_conv_step_v1` the first fused kernel, for A/B). The fused kernels are launched
+accumulating q|k|v|z GEMV: x and z fp32 sums in one row as in the executor's ws['mix_sums'], zeroed once read,
+so later replays read zeros; `gdn_conv_step` the same on bf16 inputs, `gdn_conv_step_v1` the first fused kernel,
+for A/B). `--probes` adds each of those two with x and z in separate buffers (`<case>@split`), to tell the
+inputs' layout from their type, and with a row of their own for every layer (`<case>@layer`: no launch reads
+what the one before it wrote). The fused kernels are launched
 with PDL as in the executor (each one starts while its predecessor drains; `--no-pdl` serialises them); gdn_conv
 and gdn_step do not use PDL. Each case captures `layers` back-to-back layer launches into a CUDA
 graph, every layer with its own fp32 state (3 MiB per sequence), conv window and conv weights, so
@@ -85,9 +88,18 @@ class Layers:
         self.a = self.mix.view((C + ZW) * 2, self.mix.nbytes - (C + ZW) * 2, "a")
         self.b = self.mix.view((C + ZW + HV) * 2, self.mix.nbytes - (C + ZW + HV) * 2, "b")
         self.qkv = up(np.zeros((nb, C), bf16), "qkv")
-        # the `_sums` kernel's inputs: an accumulating GEMV's fp32 sums of x (q|k|v) and z, zeroed once read
-        self.x_sums = up(rng.standard_normal((nb, C), np.float32), "x_sums")
-        self.z_sums = up(rng.standard_normal((nb, ZW), np.float32), "z_sums")
+        # the `_sums` kernel's inputs: an accumulating GEMV's fp32 sums of x (q|k|v) and z in one row, zeroed once read
+        self.sums = up(rng.standard_normal((nb, C + ZW), np.float32), "sums")
+        self.sums_z = self.sums.view(C * 4, self.sums.nbytes - C * 4, "sums_z")
+        # `@split` probes: x and z in buffers of their own (bf16 and fp32)
+        self.x_split = up(rng.standard_normal((nb, C), np.float32).astype(bf16), "x_split")
+        self.z_split = up(rng.standard_normal((nb, ZW), np.float32).astype(bf16), "z_split")
+        self.x_sums_split = up(rng.standard_normal((nb, C), np.float32), "x_sums_split")
+        self.z_sums_split = up(rng.standard_normal((nb, ZW), np.float32), "z_sums_split")
+        # `@layer` probes: one row of each kind per layer
+        self.mix_layer = [up(rng.standard_normal((nb, ROW), np.float32).astype(bf16), f"mix{i}")
+                          for i in range(layers)]
+        self.sums_layer = [up(rng.standard_normal((nb, C + ZW), np.float32), f"sums{i}") for i in range(layers)]
         self.out = up(np.zeros((nb, ZW), bf16), "out")
         self.a_log = up(np.log(rng.uniform(1, 16, HV)).astype(np.float32), "a_log")
         self.dt_bias = up(np.log(np.expm1(rng.uniform(1e-3, 0.1, HV))).astype(np.float32), "dt_bias")
@@ -98,6 +110,18 @@ class Layers:
                        for i in range(layers)]
         self.conv_st = [up(np.zeros((nb, K - 1, C), bf16), f"conv_state{i}") for i in range(layers)]
         self.state = [up(0.05 * rng.standard_normal((nb, HV, D, D), np.float32), f"state{i}") for i in range(layers)]
+
+    def inputs(self, case: str, layer: int) -> tuple:
+        """(x, z, x_stride, z_stride) of a fused case: the bf16 mix row, the fp32 sums row, (`@split`) buffers
+        of their own, or (`@layer`) the layer's own row."""
+        sums, split = "_sums" in case, case.endswith("@split")
+        if case.endswith("@layer"):
+            row = (self.sums_layer if sums else self.mix_layer)[layer]
+            e, w = (4, C + ZW) if sums else (2, ROW)
+            return row, row.view(C * e, row.nbytes - C * e, f"z{layer}"), w, w
+        if split:
+            return (self.x_sums_split, self.z_sums_split, C, ZW) if sums else (self.x_split, self.z_split, C, ZW)
+        return (self.sums, self.sums_z, C + ZW, C + ZW) if sums else (self.x, self.z, ROW, ROW)
 
     def _up(self, host: np.ndarray, name: str):
         buf = device_alloc(host.nbytes, name)
@@ -133,11 +157,10 @@ def run_case(name: str, layers: Layers, n: int, stream: Stream, reps: int, launc
                 launchers["gdn_step"](L.qkv, L.z, L.a, L.b, L.a_log, L.dt_bias, L.norm_w, L.state[i], L.slots, L.out,
                                       nb, HK, HV, nb, 1e-6, z_stride=ROW, stream=stream, **strides)
             if name not in ("old", "gdn_step"):
-                sums = name.endswith("_sums")
-                x, z = (L.x_sums, L.z_sums) if sums else (L.x, L.z)
-                launchers[name](x, L.conv_st[i], L.conv_w[i], z, L.a, L.b, L.a_log, L.dt_bias, L.norm_w,
-                                L.state[i], L.slots, L.sync, L.out, nb, HK, HV, nb, 1e-6,
-                                x_stride=C if sums else ROW, z_stride=ZW if sums else ROW, stream=stream, **strides)
+                x, z, xs, zs = L.inputs(name, i)
+                launchers[name.split("@")[0]](x, L.conv_st[i], L.conv_w[i], z, L.a, L.b, L.a_log, L.dt_bias,
+                                              L.norm_w, L.state[i], L.slots, L.sync, L.out, nb, HK, HV, nb, 1e-6,
+                                              x_stride=xs, z_stride=zs, stream=stream, **strides)
     ge = g.instantiate()
     try:
         ms = timed(lambda: ge.launch(stream), stream, reps)
@@ -158,6 +181,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-pdl", action="store_true", help="launch the fused kernels without PDL")
+    ap.add_argument("--probes", action="store_true",
+                    help="also gdn_conv_step and gdn_conv_step_sums with x and z in separate buffers (@split) and "
+                         "with a row per layer (@layer)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -179,13 +205,15 @@ def main() -> None:
         layers = Layers(nb, args.layers, rng)
         try:
             base = None
-            for name in ["old", "gdn_step", *[f for f in fused if f in launchers]]:
+            probes = [f"{f}@{p}" for p in ("split", "layer") for f in ("gdn_conv_step", "gdn_conv_step_sums")
+                      if args.probes and f in launchers]
+            for name in ["old", "gdn_step", *[f for f in fused if f in launchers], *probes]:
                 try:
                     us = run_case(name, layers, args.layers, stream, args.reps, launchers)
                 except Exception as e:
                     log(f"B={nb} {name}: failed: {e}")
                     continue
-                nbytes = layers.bytes_per_layer(name not in ("old", "gdn_step"), name.endswith("_sums"))
+                nbytes = layers.bytes_per_layer(name not in ("old", "gdn_step"), "_sums" in name)
                 gbs = nbytes / us / 1e3
                 base = us if name == "old" else base
                 row = dict(batch=nb, case=name, us_per_layer=round(us, 3), us_per_step_48=round(48 * us, 1),
