@@ -80,7 +80,7 @@ def copy_bandwidth(stream: Stream, nbytes: int = 1 << 30) -> float:
 class Layers:
     """Per-layer states and weights plus the shared activations of one batch size."""
 
-    def __init__(self, nb: int, layers: int, rng: np.random.Generator):
+    def __init__(self, nb: int, layers: int, rng: np.random.Generator, probes: bool = False):
         self.nb, self.bufs = nb, []
         up = self._up
         self.mix = up(rng.standard_normal((nb, ROW), np.float32).astype(bf16), "mix")
@@ -91,15 +91,14 @@ class Layers:
         # the `_sums` kernel's inputs: an accumulating GEMV's fp32 sums of x (q|k|v) and z in one row, zeroed once read
         self.sums = up(rng.standard_normal((nb, C + ZW), np.float32), "sums")
         self.sums_z = self.sums.view(C * 4, self.sums.nbytes - C * 4, "sums_z")
-        # `@split` probes: x and z in buffers of their own (bf16 and fp32)
-        self.x_split = up(rng.standard_normal((nb, C), np.float32).astype(bf16), "x_split")
-        self.z_split = up(rng.standard_normal((nb, ZW), np.float32).astype(bf16), "z_split")
-        self.x_sums_split = up(rng.standard_normal((nb, C), np.float32), "x_sums_split")
-        self.z_sums_split = up(rng.standard_normal((nb, ZW), np.float32), "z_sums_split")
-        # `@layer` probes: one row of each kind per layer
-        self.mix_layer = [up(rng.standard_normal((nb, ROW), np.float32).astype(bf16), f"mix{i}")
-                          for i in range(layers)]
-        self.sums_layer = [up(rng.standard_normal((nb, C + ZW), np.float32), f"sums{i}") for i in range(layers)]
+        if probes:  # `@split`: x and z in buffers of their own (bf16 and fp32); `@layer`: a row per layer
+            self.x_split = up(rng.standard_normal((nb, C), np.float32).astype(bf16), "x_split")
+            self.z_split = up(rng.standard_normal((nb, ZW), np.float32).astype(bf16), "z_split")
+            self.x_sums_split = up(rng.standard_normal((nb, C), np.float32), "x_sums_split")
+            self.z_sums_split = up(rng.standard_normal((nb, ZW), np.float32), "z_sums_split")
+            self.mix_layer = [up(rng.standard_normal((nb, ROW), np.float32).astype(bf16), f"mix{i}")
+                              for i in range(layers)]
+            self.sums_layer = [up(rng.standard_normal((nb, C + ZW), np.float32), f"sums{i}") for i in range(layers)]
         self.out = up(np.zeros((nb, ZW), bf16), "out")
         self.a_log = up(np.log(rng.uniform(1, 16, HV)).astype(np.float32), "a_log")
         self.dt_bias = up(np.log(np.expm1(rng.uniform(1e-3, 0.1, HV))).astype(np.float32), "dt_bias")
@@ -202,7 +201,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
     for nb in args.batch:
-        layers = Layers(nb, args.layers, rng)
+        layers = Layers(nb, args.layers, rng, args.probes)
         try:
             base = None
             probes = [f"{f}@{p}" for p in ("split", "layer") for f in ("gdn_conv_step", "gdn_conv_step_sums")
