@@ -81,6 +81,23 @@ def _cp_async(dst, src, nbytes: int, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def _evict_first(*, loc=None, ip=None) -> cutlass.Int64:
+    """An L2 cache policy that marks the lines it is used with first to be evicted (a stream read once)."""
+    return cutlass.Int64(_asm_se(T.i64(), [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l",
+                                 loc, ip))
+
+
+@dsl_user_op
+def _cp_async_stream(dst, src, policy, *, loc=None, ip=None):
+    """16-byte asynchronous copy from global src to shared dst through L2 only, its lines evicted first
+    (`policy` from `_evict_first`): the weights a decode GEMV streams once do not push out of the L2 the
+    small vectors (x, sums, the residual) that the next launches read."""
+    _asm_se(None, [cutlass.Int32(dst).ir_value(loc=loc, ip=ip), cutlass.Int64(src).ir_value(loc=loc, ip=ip),
+                   cutlass.Int64(policy).ir_value(loc=loc, ip=ip)],
+            "cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;", "r,l,l", loc, ip)
+
+
+@dsl_user_op
 def _mad_wide(a, b: int, c, *, loc=None, ip=None) -> cutlass.Int64:
     """c + a * b, a and b unsigned 32-bit, c 64-bit (an address from an index; ptxas: an IMAD.WIDE, or a LEA
     pair when b is a power of two)."""
@@ -250,7 +267,7 @@ class GemvMmaSK(GemvMma):
             cnt = mWs.iterator.toint()
             part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
-               self._out_scale(mW, n_tiles, ngr))
+               self._out_scale(mW, n_tiles, ngr), _evict_first() if self.cpa else None)
         if cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
@@ -400,6 +417,7 @@ class GemvMmaSK(GemvMma):
         1024 + 256 hw + 16 lane. Every plane holds a tile's group pairs one after another, tile after tile,
         so a source is its plane's lane base plus (tile * pairs + p) times the plane's bytes a pair."""
         w_ptr, _, npairs, high, scale, lane, _, m, n_tiles = geo[:9]
+        pol = geo[14]
         tiles = self._tiles(u, m, n_tiles)
         base = cutlass.Int64(w_ptr.toint())
         run = self.scale_run()
@@ -409,13 +427,14 @@ class GemvMmaSK(GemvMma):
             d = self._ring_addr(geo, len(sl), st, b)
             src = _mad_wide(pair, self.pair_bytes()[0], base + 16 * lane)
             for q in cutlass.range_constexpr(2):
-                _cp_async(d + 512 * q + 16 * lane, src + 512 * q, 16)
+                _cp_async_stream(d + 512 * q + 16 * lane, src + 512 * q, pol)
             if cutlass.const_expr(self.hw > 0):
                 if lane < 16 * self.hw:
-                    _cp_async(d + 1024 + 16 * lane, _mad_wide(pair, self.pair_bytes()[1], base + high + 16 * lane), 16)
+                    _cp_async_stream(d + 1024 + 16 * lane,
+                                     _mad_wide(pair, self.pair_bytes()[1], base + high + 16 * lane), pol)
             if lane >= sl0 and lane < sl0 + run // 16:
-                _cp_async(d + 1024 + 256 * self.hw + 16 * (lane - sl0),
-                          _mad_wide(pair, self.pair_bytes()[2], base + scale + 16 * (lane - sl0)), 16)
+                _cp_async_stream(d + 1024 + 256 * self.hw + 16 * (lane - sl0),
+                                 _mad_wide(pair, self.pair_bytes()[2], base + scale + 16 * (lane - sl0)), pol)
 
     def pair_bytes(self) -> tuple[int, int, int]:
         """Bytes one group pair of a tile takes in the image's base, high and scale planes."""
