@@ -683,13 +683,15 @@ class GemvMma:
         return gv
 
     @cute.jit
-    def _stage_x(self, xsd, k, ngr, gv=None):
+    def _stage_x(self, xsd, k, ngr, gv=None, issue=None):
         """All threads: x [T, K] into shared memory as the B words of every (column c, group j, quad
         thread t) (b_regs of x[c, 64 j + 16 t ..], 32 bytes at ((c ngmax + j) 4 + t) 32) and
         -bias * sum(x[c, group j]) at c ngmax + j; columns >= T repeat column T - 1, x past K is 0.
         A thread's records are r = tidx + threads i; all their x loads are issued first (one L2
         latency for the whole staging), then decoded and stored. With `norm` the records are normed
-        first (the sum of squares reduced over the CTA; gv: the norm weight's records, or loaded here)."""
+        first (the sum of squares reduced over the CTA; gv: the norm weight's records, or loaded here).
+        `issue` (optional) runs once every x (and s) load is issued, before any is used; its result is
+        returned (the stream-K members issue their first weight blocks there, behind x in the queues)."""
         mX = xsd[0]
         t_rows = cute.size(mX, mode=[0])
         n_rec = self.cols * ngr * 4
@@ -699,8 +701,15 @@ class GemvMma:
         for it in cutlass.range_constexpr(rounds):
             _, rr, t, j, c = self._record(it, ngr)
             self._load_records(mX, cutlass.min(c, t_rows - 1), j, t, k, xv, it)
+        sv = None
         if cutlass.const_expr(xsd[6] is not None):
-            self._add_records(xsd, xv, k, ngr)
+            sv = self._load_sums(xsd, k, ngr)
+        issued = None
+        if cutlass.const_expr(issue is not None):
+            cute.arch.sync_warp()  # keeps ptxas from hoisting the issued copies above the x loads
+            issued = issue()
+        if cutlass.const_expr(xsd[6] is not None):
+            self._add_records(xsd, xv, sv, k, ngr)
         if cutlass.const_expr(self.norm):
             if cutlass.const_expr(gv is None):
                 gv = self.load_norm_w(xsd, k, ngr)
@@ -708,6 +717,7 @@ class GemvMma:
         for it in cutlass.range_constexpr(rounds):
             r, _, t, j, c = self._record(it, ngr)
             self.put_record(ops, xsd, [xv[q, it] for q in range(8)], c, j, t, r < n_rec)
+        return issued
 
     @cute.jit
     def put_record(self, ops, xsd, xw, c, j, t, ok):
@@ -734,22 +744,30 @@ class GemvMma:
                     nbs[c * self.ngmax + j] = v
 
     @cute.jit
-    def _add_records(self, xsd, xv, k, ngr):
-        """xv (the thread's x records, T = 1) <- bf16(x + s), s fp32 (a deferred residual: the sums of the
-        GEMV before, added into s by `accumulate`). The CTA owning a record (record % CTAs = CTA) also
-        writes it to xo and zeroes it in z (the sums the next such GEMV adds into), so each is written once."""
-        bidx, _, _ = cute.arch.block_idx()
-        nctas, _, _ = cute.arch.grid_dim()
-        mS, mXo, mZ = xsd[6]
-        n_rec = ngr * 4
+    def _load_sums(self, xsd, k, ngr):
+        """The thread's s records (fp32 words of a deferred residual's sums, T = 1), every load issued."""
+        mS = xsd[6][0]
         rounds = self._rounds()
         sv = cute.make_rmem_tensor((16, rounds), cutlass.Int32)
-        for it in cutlass.range_constexpr(rounds):  # every load first: one L2 latency
+        for it in cutlass.range_constexpr(rounds):
             _, _, t, j, _ = self._record(it, ngr)
             for i in cutlass.range_constexpr(4):
                 v = _ldx((mS.iterator + cutlass.min(j * 64 + 16 * t + 4 * i, k - 4)).toint())
                 for q in cutlass.range_constexpr(4):
                     sv[4 * i + q, it] = v[q]
+        return sv
+
+    @cute.jit
+    def _add_records(self, xsd, xv, sv, k, ngr):
+        """xv (the thread's x records, T = 1) <- bf16(x + s), s fp32 (sv: `_load_sums`; a deferred residual:
+        the sums of the GEMV before, added into s by `accumulate`). The CTA owning a record (record % CTAs
+        = CTA) also writes it to xo and zeroes it in z (the sums the next such GEMV adds into), so each is
+        written once."""
+        bidx, _, _ = cute.arch.block_idx()
+        nctas, _, _ = cute.arch.grid_dim()
+        _, mXo, mZ = xsd[6]
+        n_rec = ngr * 4
+        rounds = self._rounds()
         zero = cutlass.Int32(0)
         for it in cutlass.range_constexpr(rounds):
             r, _, t, j, _ = self._record(it, ngr)

@@ -150,6 +150,7 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
 
 
 PROBES = ("", "nochain", "empty", "timeline", "nocompute", "nostage", "bare")  # benchmark only (wrong results / extra writes)
+PRE_WAIT = 1  # ring slots a warp issues before griddepcontrol.wait (the rest of its prologue after x's loads)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
 
@@ -310,14 +311,25 @@ class GemvMmaSK(GemvMma):
         # (u, p): block b0's unit and pair, the compute cursor; (lu, lp): the load cursor, S - 1 blocks ahead
         u = _udiv(b0, npairs)
         p = b0 - u * npairs
-        lu, lp = self._prologue(geo, bufs, sl, u, p, n, S)  # before the wait: the weights are static
+        # the weights are static: PRE_WAIT ring slots are issued before the wait, the rest of the prologue
+        # once x's loads are issued (ahead of them, x would wait for a launch's burst of DRAM loads to drain)
+        pre, end = min((S - 1) * nb, PRE_WAIT), (S - 1) * nb
+        if cutlass.const_expr(not self.cpa):
+            pre = min(S - 1, PRE_WAIT) * nb
+        lu, lp = self._prologue(geo, bufs, sl, u, p, n, 0, pre)
         gv = None
         if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
             gv = self.load_norm_w(xsd, k, ngr)
         cute.arch.griddepcontrol_wait()
         t1 = _now() if tl else None
         if cutlass.const_expr(self.probe not in ("nostage", "bare")):
-            self._stage_x(xsd, k, ngr, gv)
+            if cutlass.const_expr(pre < end):
+                lu, lp = self._stage_x(xsd, k, ngr, gv,
+                                       issue=lambda: self._prologue(geo, bufs, sl, lu, lp, n, pre, end))
+            else:
+                self._stage_x(xsd, k, ngr, gv)
+        elif cutlass.const_expr(pre < end):
+            lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, pre, end)
         cute.arch.sync_threads()
         t2 = _now() if tl else None
         t3 = t2
@@ -388,21 +400,26 @@ class GemvMmaSK(GemvMma):
                     _st_u64(at + 8 * e, t)
 
     @cute.jit
-    def _prologue(self, geo, bufs, sl, lu, lp, n, S):
-        """Issue the run's first S - 1 blocks into stages 0 .. S - 2; the load cursor after them."""
-        npairs = geo[2]
-        for st in cutlass.range_constexpr(S - 1):
+    def _prologue(self, geo, bufs, sl, lu, lp, n, first, last):
+        """Issue slots first .. last - 1 of the run's first S - 1 blocks (slot st nb + b: tile slot b of
+        block st, into ring stage st; register stages: whole blocks only), the load cursor at the block
+        of slot `first`; a block's copies are committed as one group with its last slot. The load cursor
+        after the blocks completed."""
+        npairs, nb = geo[2], len(sl)
+        for st in cutlass.range_constexpr(first // nb, (last + nb - 1) // nb):
+            b0, b1 = max(first - st * nb, 0), min(last - st * nb, nb)
             if st < n:
                 if cutlass.const_expr(self.cpa):
-                    self._load_cpa(geo, sl, lu, lp, st)
+                    self._load_cpa(geo, sl, lu, lp, st, b0, b1)
                 else:
                     self._load(geo, bufs, sl, lu, lp, st)
-            if cutlass.const_expr(self.cpa):
-                cute.arch.cp_async_commit_group()
-            lp = lp + 1
-            if lp == npairs:
-                lp = cutlass.Int32(0)
-                lu = lu + 1
+            if cutlass.const_expr(b1 == nb):
+                if cutlass.const_expr(self.cpa):
+                    cute.arch.cp_async_commit_group()
+                lp = lp + 1
+                if lp == npairs:
+                    lp = cutlass.Int32(0)
+                    lu = lu + 1
         return lu, lp
 
     def _ring_addr(self, geo, nb, st, b):
@@ -410,19 +427,20 @@ class GemvMmaSK(GemvMma):
         return geo[12] + (st * nb + b) * self.slot_bytes
 
     @cute.jit
-    def _load_cpa(self, geo, sl, u, p, st):
+    def _load_cpa(self, geo, sl, u, p, st, b0=0, b1=None):
         """cp.async pair p of unit u's tile slots sl into ring stage st, 16 bytes a lane: each lane its 16
         base bytes per group at 512 q + 16 lane; the pair's high bytes (256 hw, contiguous in the image) by
         lanes < 16 hw at 1024 + 16 lane; its scale run (`scale_run` bytes) by the next lanes at
         1024 + 256 hw + 16 lane. Every plane holds a tile's group pairs one after another, tile after tile,
-        so a source is its plane's lane base plus (tile * pairs + p) times the plane's bytes a pair."""
+        so a source is its plane's lane base plus (tile * pairs + p) times the plane's bytes a pair.
+        Slots b0 .. b1 - 1 only (default: all)."""
         w_ptr, _, npairs, high, scale, lane, _, m, n_tiles = geo[:9]
         pol = geo[14]
         tiles = self._tiles(u, m, n_tiles)
         base = cutlass.Int64(w_ptr.toint())
         run = self.scale_run()
         sl0 = 16 * self.hw % 32  # Q6's high bytes take every lane: its scales start again at lane 0
-        for b in cutlass.range_constexpr(len(sl)):
+        for b in cutlass.range_constexpr(b0, len(sl) if b1 is None else b1):
             pair = tiles[sl[b]] * npairs + p
             d = self._ring_addr(geo, len(sl), st, b)
             src = _mad_wide(pair, self.pair_bytes()[0], base + 16 * lane)

@@ -428,6 +428,16 @@ def test_probe_variants(tmp_path):
     assert "GLOBALTIMER" in sass["timeline"] and "GLOBALTIMER" not in sass[""]
     assert " STS" in sass[""] and " STS" not in sass["nostage"] and "ATOM" in sass["nostage"]
     assert " STS" not in sass["bare"] and "ATOM" not in sass["bare"] and "HMMA" in sass["bare"]
+    _x_before_ring(sass[""])
+
+
+def _x_before_ring(sass: str) -> None:
+    """The stream-K prologue split (gemv_mma_sk.PRE_WAIT): ring copies before griddepcontrol.wait (ACQBULK)
+    and the rest of the prologue's between it and x's staging barrier, after x's first 16-byte load."""
+    wait = sass.index("ACQBULK")
+    assert "LDGSTS" in sass[:wait]
+    staging = sass[wait:sass.index("BAR.SYNC", wait)]
+    assert "LDGSTS" in staging and staging.index("LDG.E.128") < staging.index("LDGSTS")
 
 
 def test_deferred_members(tmp_path):
@@ -466,6 +476,7 @@ def test_deferred_members(tmp_path):
     a, n = sass[acc.name], sass[na.name]
     assert "RED" in a and "HMMA" in a and "ATOM" not in a and "STG" not in a
     assert "ATOM" in n and "STG.E.128" in n and "HMMA" in n
+    _x_before_ring(n)
 
 
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),

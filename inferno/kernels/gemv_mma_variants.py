@@ -171,8 +171,10 @@ def alternatives(fmt: str, epilogue: str, cols: int) -> list[Variant]:
 # Stream-K (cute_kernels/gemv_mma_sk.py). The registered member streams the weights through a ring of
 # shared-memory stages filled by cp.async (`cpa`); the register-stage form is a benchmark alternative.
 # H200, 2026-11-30, PDL on: the ring at 1 CTA x 16 warps per SM beat register stages by 3-14 %, and
-# 2-3 ring stages beat deeper rings (tools/bench_gemv.py --xs --pdl; docs/kernels-gemv-mma.md).
-SK_STAGES = {("q4", False): 3, ("q5", False): 3, ("q6", False): 3, ("q4", True): 2, ("q5", True): 2, ("q6", True): 2}
+# 2-3 ring stages beat deeper rings (tools/bench_gemv.py --xs --pdl; docs/kernels-gemv-mma.md). Swiglu 3
+# stages since 2026-12-03: with the prologue split around x's loads (cute_kernels/gemv_mma_sk.py PRE_WAIT)
+# its second block no longer delays x (27B decode +0.85 % against 2 stages, same run).
+SK_STAGES = {("q4", False): 3, ("q5", False): 3, ("q6", False): 3, ("q4", True): 3, ("q5", True): 3, ("q6", True): 3}
 REG_SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", True): 3, ("q5", True): 2,
                  ("q6", True): 2}
 SK_CTAS, SK_WARPS = 1, 16  # the stream-K grid: CTAs per SM, warps per CTA
