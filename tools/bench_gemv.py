@@ -84,6 +84,40 @@ def timed(fn, stream: Stream, reps: int) -> float:
     return statistics.median(out)
 
 
+def graph_ms(launch_i, n: int, stream: Stream, reps: int = 15) -> float:
+    """Median ms of a CUDA graph of launch_i(0) .. launch_i(n - 1) (launch_i(0) run eagerly first: the
+    stream-K members' workspaces)."""
+    launch_i(0)
+    stream.synchronize()
+    with Graph.capture(stream) as g:
+        for i in range(n):
+            launch_i(i)
+    ge = g.instantiate()
+    ge.upload(stream)
+    ms = timed(lambda: ge.launch(stream), stream, reps)
+    ge.close()
+    g.close()
+    return ms
+
+
+def probe_args(doc: str, variants, extra: tuple = ()) -> argparse.Namespace:
+    """The probe benchmarks' command line: --pdl, `extra` ((flags, argparse kwargs) pairs), and --build DIR
+    (the sm_90a cubins of `variants()` built into DIR, then exit)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--build", metavar="DIR", help="build the probes' sm_90a cubins into DIR and exit")
+    ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch, as the decode graph")
+    for flags, kw in extra:
+        ap.add_argument(*flags, **kw)
+    a = ap.parse_args()
+    if a.build:
+        from inferno.kernels.build import build_variant
+
+        for v in variants():
+            build_variant(v, "sm_90a", Path(a.build))
+        raise SystemExit(0)
+    return a
+
+
 def open_bench(pdl: bool, copy: bool = True) -> tuple:
     """(device, stream launching with PDL or not, seeded rng, same-run D2D copy GB/s or None), logged."""
     dev = Device.open()
@@ -133,15 +167,7 @@ def bench_case(kern: "GemvQ | mv.GemvMma", w: Weights, n: int, k: int, cols: int
     if r is not None:
         memset_d8(r, 0)
     launches = len(w.bufs) * max(1, -(-24 // len(w.bufs)))
-    kern(w.bufs[0], x, y, n, k, cols, r=r, stream=stream)  # eager first call (stream-K: its workspace)
-    with Graph.capture(stream) as g:
-        for i in range(launches):
-            kern(w.bufs[i % len(w.bufs)], x, y, n, k, cols, r=r, stream=stream)
-    ge = g.instantiate()
-    ge.upload(stream)
-    ms = timed(lambda: ge.launch(stream), stream, 15)
-    ge.close()
-    g.close()
+    ms = graph_ms(lambda i: kern(w.bufs[i % len(w.bufs)], x, y, n, k, cols, r=r, stream=stream), launches, stream)
     if isinstance(kern, mv.GemvMmaSK):
         kern.free()
     for b in (x, y, r):

@@ -13,7 +13,6 @@ between the two GEMVs could save per MLP.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -42,19 +41,10 @@ def probe_variant() -> Variant:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", metavar="DIR", help="build the probe's sm_90a cubin into DIR and exit")
-    ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch, as the decode graph")
-    a = ap.parse_args()
-    if a.build:
-        from inferno.kernels.build import build_variant
+    from bench_gemv import Weights, graph_ms, open_bench, probe_args
 
-        build_variant(probe_variant(), "sm_90a", Path(a.build))
-        return
-    from bench_gemv import Weights, open_bench, timed
-
+    a = probe_args(__doc__, lambda: [probe_variant()])
     from inferno.cuda.copy import memset_d8, to_device
-    from inferno.cuda.graph import Graph
     from inferno.cuda.launch import launch
     from inferno.cuda.memory import device_alloc
     from inferno.cuda.params import TensorArg
@@ -96,19 +86,7 @@ def main() -> None:
                probe.manifest.smem, stream)
 
     def per_mlp(*steps) -> float:
-        for s in steps:
-            s(0)  # eager first calls (the stream-K workspaces)
-        stream.synchronize()
-        with Graph.capture(stream) as g:
-            for i in range(pairs):
-                for s in steps:
-                    s(i)
-        ge = g.instantiate()
-        ge.upload(stream)
-        ms = timed(lambda: ge.launch(stream), stream, 15)
-        ge.close()
-        g.close()
-        return 1000 * ms / pairs
+        return 1000 * graph_ms(lambda i: [s(i) for s in steps], pairs, stream) / pairs
 
     floor = (wa.nbytes + wb.nbytes) / copy / 1e3
     rows = [("gate_up alone", per_mlp(run_gate_up)), ("down alone", per_mlp(run_down)),

@@ -12,7 +12,6 @@ If R = 132 stages much faster than R = 1, the shared lines are the cost and mult
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -41,20 +40,10 @@ def probe_variant(nbytes: int, replicas: int, ring: bool) -> Variant:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", metavar="DIR", help="build the probes' sm_90a cubins into DIR and exit")
-    ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch, as the decode graph")
-    a = ap.parse_args()
-    if a.build:
-        from inferno.kernels.build import build_variant
+    from bench_gemv import graph_ms, open_bench, probe_args
 
-        for c in CONFIGS:
-            build_variant(probe_variant(*c), "sm_90a", Path(a.build))
-        return
-    from bench_gemv import open_bench, timed
-
+    a = probe_args(__doc__, lambda: [probe_variant(*c) for c in CONFIGS])
     from inferno.cuda.copy import from_device, to_device
-    from inferno.cuda.graph import Graph
     from inferno.cuda.launch import launch
     from inferno.cuda.memory import device_alloc
     from inferno.cuda.params import TensorArg
@@ -81,16 +70,7 @@ def main() -> None:
                             TensorArg(out.ptr, (out.nbytes // 4,))]
                     launch(p.kernel, (132, 1, 1), p.manifest.block, p.layout.pack(args), p.manifest.smem, stream)
 
-                one(0)
-                stream.synchronize()
-                with Graph.capture(stream) as g:
-                    for i in range(LAUNCHES):
-                        one(i)
-                ge = g.instantiate()
-                ge.upload(stream)
-                us = 1000 * timed(lambda: ge.launch(stream), stream, 15) / LAUNCHES
-                ge.close()
-                g.close()
+                us = 1000 * graph_ms(one, LAUNCHES, stream) / LAUNCHES
                 ns = from_device(out, np.int32, (out.nbytes // 4,))[:132]
                 cells.append(f"{us:.2f} ({np.median(ns):.0f} / {ns.max()})")
             print(f"| {nb // 1024} | {'yes' if ring else 'no'} | " + " | ".join(cells) + " |", flush=True)

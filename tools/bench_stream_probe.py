@@ -12,7 +12,6 @@ stream-K GEMV's tail is the per-warp streams' spread, and a CTA-level ring is th
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -41,20 +40,11 @@ def probe_variant(mode: str, warps: int, stages: int, chunk: int) -> Variant:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", metavar="DIR", help="build the probes' sm_90a cubins into DIR and exit")
-    ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch, as the decode graph")
-    ap.add_argument("--ctas", type=int, default=0, help="launch this many CTAs (one an SM; default: every SM)")
-    a = ap.parse_args()
-    if a.build:
-        from inferno.kernels.build import build_variant
+    from bench_gemv import Weights, graph_ms, open_bench, probe_args
 
-        for c in CONFIGS:
-            build_variant(probe_variant(*c), "sm_90a", Path(a.build))
-        return
-    from bench_gemv import Weights, open_bench, timed
-
-    from inferno.cuda.graph import Graph
+    a = probe_args(__doc__, lambda: [probe_variant(*c) for c in CONFIGS],
+                   ((("--ctas",), dict(type=int, default=0,
+                                       help="launch this many CTAs (one an SM; default: every SM)")),))
     from inferno.cuda.launch import launch
     from inferno.cuda.memory import device_alloc
     from inferno.cuda.params import TensorArg
@@ -82,16 +72,7 @@ def main() -> None:
                 args = [TensorArg(w.bufs[i % len(w.bufs)].ptr, (nbytes // 4,)), TensorArg(out.ptr, (out.nbytes // 4,))]
                 launch(p.kernel, (ctas, 1, 1), p.manifest.block, p.layout.pack(args), p.manifest.smem, stream)
 
-            one(0)
-            stream.synchronize()
-            with Graph.capture(stream) as g:
-                for i in range(n):
-                    one(i)
-            ge = g.instantiate()
-            ge.upload(stream)
-            us = 1000 * timed(lambda: ge.launch(stream), stream, 15) / n
-            ge.close()
-            g.close()
+            us = 1000 * graph_ms(one, n, stream) / n
             cells.append(f"{us:.1f} ({100 * nbytes / copy / 1e3 / us:.0f} %)")
         w.free()
         print(f"| {label} | {nbytes / 1e6:.1f} | {nbytes / copy / 1e3:.1f} | " + " | ".join(cells) + " |", flush=True)
