@@ -50,6 +50,7 @@ PAGE = 64
 VEC = 8  # bf16 per 16-byte load
 CHUNKS = HEAD_DIM // VEC  # 32 chunks per row
 WARPS = 8
+PRE_WAIT = 1  # fused decode: KV blocks issued before griddepcontrol.wait (the rest after q, k and v's loads)
 THREADS = 32 * WARPS
 LOG2E = math.log2(math.e)
 NEG_INF = -math.inf
@@ -574,13 +575,16 @@ class AttnDecodeMma:
 
     @cute.jit
     def _prologue(self, g2s: cute.TiledCopy, mPT: cute.Tensor, mKV: cute.Tensor, sK: cute.Tensor, sV: cute.Tensor,
-                  coord: cute.Tensor, p_begin, b_begin, b_end, length, hkv, kvh, seq, tidx):
-        """Blocks b_begin .. b_begin + stages - 1 go out first, one commit group each (an empty group
-        past the last block, so that group i always holds block b_begin + i)."""
+                  coord: cute.Tensor, p_begin, b_begin, b_end, length, hkv, kvh, seq, tidx, first: int = 0,
+                  last: int | None = None):
+        """Blocks b_begin + first .. b_begin + last - 1 (default: the stages' blocks) go out first, one
+        commit group each (an empty group past the last block, so that group i always holds block
+        b_begin + i)."""
         per_page = PAGE // self.block
-        self._issue(g2s, mKV, sK, sV, coord, 0, mPT[seq, p_begin], b_begin, length, hkv, kvh, tidx)
-        cute.arch.cp_async_commit_group()
-        for st in cutlass.range_constexpr(1, self.stages):
+        if cutlass.const_expr(first == 0):
+            self._issue(g2s, mKV, sK, sV, coord, 0, mPT[seq, p_begin], b_begin, length, hkv, kvh, tidx)
+            cute.arch.cp_async_commit_group()
+        for st in cutlass.range_constexpr(max(first, 1), self.stages if last is None else last):
             if b_begin + st < b_end:
                 self._issue(g2s, mKV, sK, sV, coord, st, mPT[seq, (b_begin + st) // per_page], b_begin + st,
                             length, hkv, kvh, tidx)
@@ -874,8 +878,9 @@ class AttnDecodeFused(AttnDecodeMma):
         sQ = storage.sQ.get_tensor(cute.make_layout((M_ROWS, HEAD_DIM), stride=(Q_STRIDE, 1)))
         sNew = storage.sNew.get_tensor(cute.make_layout((2, HEAD_DIM), stride=(HEAD_DIM, 1)))
         coord = g2s.get_slice(tidx).partition_S(cute.make_identity_tensor((T, HEAD_DIM)))
-        if p_begin < p_end:
-            self._prologue(g2s, mPT, mKV, sK, sV, coord, p_begin, b_begin, b_end, length, hkv, kvh, seq, tidx)
+        if p_begin < p_end:  # PRE_WAIT blocks; the rest once q, k and v's loads are issued
+            self._prologue(g2s, mPT, mKV, sK, sV, coord, p_begin, b_begin, b_end, length, hkv, kvh, seq, tidx,
+                           0, min(PRE_WAIT, self.stages))
 
         rQW = cute.make_rmem_tensor((VEC,), dt)
         rKW = cute.make_rmem_tensor((VEC,), dt)
@@ -905,15 +910,26 @@ class AttnDecodeFused(AttnDecodeMma):
         cute.arch.griddepcontrol_wait()  # PDL: q_proj, k and v come from the projection GEMVs
         cute.arch.griddepcontrol_launch_dependents()
         fresh = split == used - 1  # this CTA's pages hold the new token (never true for lens = 0)
-        rX = cute.make_rmem_tensor((VEC,), dt)
-        rN = cute.make_rmem_tensor((VEC,), dt)
+        # q, k and v as loaded (fp32 sums or bf16), every load issued before the prologue's rest
+        raw = f32 if self.sums else dt
+        rXr = cute.make_rmem_tensor((VEC,), raw)
+        rNr = cute.make_rmem_tensor((VEC,), raw)
         if wid < G:
-            load_bf16(cute.zipped_divide(mQP[seq, kvh * G + wid, None], (VEC,))[None, lane], rX, self.sums)
+            cute.autovec_copy(cute.zipped_divide(mQP[seq, kvh * G + wid, None], (VEC,))[None, lane], rXr)
         if fresh:
             if wid == WARPS - 1:
-                load_bf16(cute.zipped_divide(mK[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN, self.sums)
+                cute.autovec_copy(cute.zipped_divide(mK[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rNr)
             if wid == WARPS - 2:
-                load_bf16(cute.zipped_divide(mV[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rN, self.sums)
+                cute.autovec_copy(cute.zipped_divide(mV[seq, None], (VEC,))[None, kvh * CHUNKS + lane], rNr)
+        if cutlass.const_expr(PRE_WAIT < self.stages):  # behind q in the SM's queues, not ahead of it
+            cute.arch.sync_warp()  # keeps ptxas from hoisting the copies above the loads
+            if p_begin < p_end:
+                self._prologue(g2s, mPT, mKV, sK, sV, coord, p_begin, b_begin, b_end, length, hkv, kvh, seq,
+                               tidx, PRE_WAIT, self.stages)
+        rX = cute.make_rmem_tensor((VEC,), dt)
+        rN = cute.make_rmem_tensor((VEC,), dt)
+        rX.store(rXr.load().to(dt))  # as a GEMV's epilogue rounds its sums (bf16: unchanged)
+        rN.store(rNr.load().to(dt))
 
         # q_h = hi + lo (as AttnDecodeMma): bf16 hi in row h, the bf16 rounding of q - hi in row 8 + h,
         # rows of heads >= G zero.

@@ -665,3 +665,24 @@ def test_mma_decode_emulation_matches_reference(lens, splits, hkv):
             assert rel_error(o, want) < 1e-5, (n, kvh, rel_error(o, want))
             lse_all = (lse.max(0) + np.log2(w.sum(0))) / np.log2(np.e)  # merged lse, natural log
             assert np.allclose(lse_all, sc.max(1) + np.log(pr.sum(1)), atol=2e-2)
+
+
+def test_fused_decode_issues_q_before_its_second_block(built):
+    """The fused decode's prologue split (attn_decode.PRE_WAIT): one KV block's copies (LDGSTS) before
+    griddepcontrol.wait (ACQBULK), the other's after it, behind the first 16-byte load of q (or its sums) and
+    ahead of the CTA's first barrier (the whole prologue before the wait has its first copies after it only in
+    the block loop, past that barrier)."""
+    import subprocess
+
+    from test_kernels_gemv_mma import _cuobjdump
+
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    for v in av.FUSED_VARIANTS:
+        sass = subprocess.run([tool, "-sass", str(built / "sm_90a" / f"{v.name}.cubin")], capture_output=True,
+                              text=True, check=True).stdout
+        wait = sass.index("ACQBULK")
+        after = sass[wait:]
+        assert "LDGSTS" in sass[:wait] and "LDGSTS" in after, v.name
+        assert after.index("LDG.E.128") < after.index("LDGSTS") < after.index("BAR.SYNC"), v.name
