@@ -150,7 +150,8 @@ def owned(epilogue: str, slot: int, tile, tiles, u, row, m, n_w, as_int=int):
 
 
 PROBES = ("", "nochain", "empty", "timeline", "nocompute", "nostage", "bare")  # benchmark only (wrong results / extra writes)
-PRE_WAIT = 1  # ring slots a warp issues before griddepcontrol.wait (the rest of its prologue after x's loads)
+PRE_WAIT = 2  # ring slots a warp issues before griddepcontrol.wait (the rest of its prologue after x's loads;
+# swiglu: one block, its gate and up slots)
 TRACE = 32  # "timeline": %globaltimer when each of a warp's first TRACE blocks is in shared memory
 TIMELINE = 7 + TRACE  # "timeline": u64 words per warp after ws's: 5 stamps, %smid, first block | blocks << 32, TRACE
 

@@ -173,8 +173,10 @@ def alternatives(fmt: str, epilogue: str, cols: int) -> list[Variant]:
 # H200, 2026-11-30, PDL on: the ring at 1 CTA x 16 warps per SM beat register stages by 3-14 %, and
 # 2-3 ring stages beat deeper rings (tools/bench_gemv.py --xs --pdl; docs/kernels-gemv-mma.md). Swiglu 3
 # stages since 2026-12-03: with the prologue split around x's loads (cute_kernels/gemv_mma_sk.py PRE_WAIT)
-# its second block no longer delays x (27B decode +0.85 % against 2 stages, same run).
-SK_STAGES = {("q4", False): 3, ("q5", False): 3, ("q6", False): 3, ("q4", True): 3, ("q5", True): 3, ("q6", True): 3}
+# its second block no longer delays x (27B decode +0.85 % against 2 stages, same run). The other members 5
+# stages since 2026-12-03 with PRE_WAIT 2 (2 slots before the wait): +0.35 % against 4 stages and 1 slot, where 5
+# stages with 1 slot lost 0.8 % and swiglu at 4 stages lost 0.5 % (docs/performance.md "Session 25").
+SK_STAGES = {("q4", False): 5, ("q5", False): 5, ("q6", False): 5, ("q4", True): 3, ("q5", True): 3, ("q6", True): 3}
 REG_SK_STAGES = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3, ("q4", True): 3, ("q5", True): 2,
                  ("q6", True): 2}
 SK_CTAS, SK_WARPS = 1, 16  # the stream-K grid: CTAs per SM, warps per CTA
