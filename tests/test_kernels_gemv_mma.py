@@ -363,6 +363,8 @@ def test_stream_k_variants():
     regs = mv.make_sk_variant("Q6G64_F16S", "plain", cpa=False)
     assert regs.name == "gemv_mma_q6_t1_sk_regs_p3_c1_w16" and not regs.config["cpa"]
     assert mv.ring_fits("Q6G64_F16S", "swiglu", 3, 16) and not mv.ring_fits("Q6G64_F16S", "swiglu", 4, 16)
+    with pytest.raises(LaunchError, match="does not fit"):  # session 25's S5N5: built, then failed at launch
+        mv.make_sk_variant("Q4G64_F16S", "swiglu", stages=5)
     assert v.archs == ("sm_90a",) and "sm_120a" in regs.archs  # the ring needs sm_90's shared memory per CTA
     assert mv.sk_wins(43520, "swiglu") and mv.sk_wins(15360, "residual") and not mv.sk_wins(17920, "plain")
     assert not mv.sk_wins(620800, "plain")  # the output head

@@ -201,6 +201,9 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
     key = (FORMATS[fmt][0], epilogue == "swiglu")
     default = SK_STAGES[key] if cpa else REG_SK_STAGES[key]
     stages = stages or default
+    if cpa and not ring_fits(fmt, epilogue, stages, warps):
+        raise LaunchError(f"stream-K GEMV {fmt} {epilogue}: a ring of {stages} stages for {warps} warps does not fit "
+                          f"one CTA's {SMEM_BLOCK // 1024} KB of shared memory next to x; use fewer stages or warps")
     name = f"{variant_name(fmt, epilogue, cols, norm, add)}_sk"
     if not cpa:
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
