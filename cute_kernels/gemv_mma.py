@@ -736,12 +736,18 @@ class GemvMma:
             _sts4(a, [br[0][0], br[0][1], br[1][0], br[1][1]])
             _sts4(a + 16, [br[2][0], br[2][1], br[3][0], br[3][1]])
             if t == 0:
-                v = s * cutlass.Float32(-float(BIAS[self.bits]))
                 if cutlass.const_expr(self.cols == 1):
+                    cs = self._c_start(s)
                     for e in cutlass.range_constexpr(4):
-                        nbs[4 * j + e] = v
+                        nbs[4 * j + e] = cs[e]
                 else:
-                    nbs[c * self.ngmax + j] = v
+                    nbs[c * self.ngmax + j] = s * cutlass.Float32(-float(BIAS[self.bits]))
+
+    def _c_start(self, s) -> list:
+        """The four staged C words of a group at T = 1 (the mma's whole C) from the group's sum of x s: -bias * s
+        (the B columns are copies of x, so C's odd columns are free for a second format, see GemvMmaSK's `lo4`)."""
+        v = s * cutlass.Float32(-float(BIAS[self.bits]))
+        return [v, v, v, v]
 
     @cute.jit
     def _load_sums(self, xsd, k, ngr):
@@ -824,8 +830,9 @@ class GemvMma:
                 nb0 + cutlass.min(2 * t + 1, t_rows - 1) * self.ngmax * 4)
 
     @cute.jit
-    def _compute(self, ops, kb, bufs, acc, sl, st, p, xsr):
-        """The mmas of the group pair p in stage st, into acc."""
+    def _compute(self, ops, kb, bufs, acc, sl, st, p, xsr, q4: bool = False):
+        """The mmas of the group pair p in stage st, into acc; `q4` (T = 1, x staged): the blocks are Q4 whatever
+        this member's format, their C starting at the staged odd C words (`_c_start`)."""
         wb, hbuf, sb, xb = bufs
         for q in cutlass.range_constexpr(2):
             if cutlass.const_expr(self.xs):
@@ -845,15 +852,19 @@ class GemvMma:
                 for mk in bias_steps(self.bits):
                     nb = _mma((kb, kb, kb, kb), bregs[mk], nb)
             for b in cutlass.range_constexpr(len(sl)):
-                lo = self._pairs(ops, wb[0, q, b, st], wb[1, q, b, st], hbuf, 0, q, b, st)
-                hi = self._pairs(ops, wb[2, q, b, st], wb[3, q, b, st], hbuf, 1, q, b, st)
+                if cutlass.const_expr(q4):
+                    lo = pairs_q4(ops, wb[0, q, b, st], wb[1, q, b, st])
+                    hi = pairs_q4(ops, wb[2, q, b, st], wb[3, q, b, st])
+                else:
+                    lo = self._pairs(ops, wb[0, q, b, st], wb[1, q, b, st], hbuf, 0, q, b, st)
+                    hi = self._pairs(ops, wb[2, q, b, st], wb[3, q, b, st], hbuf, 1, q, b, st)
                 d = nb
                 for mk in cutlass.range_constexpr(4):
                     d = _mma((lo[mk][0], hi[mk][0], lo[mk][1], hi[mk][1]), bregs[mk], d)
                 for h in cutlass.range_constexpr(2):
                     sc = _f16_f32(sb[q, b, st], h)
                     for e in cutlass.range_constexpr(1 if self.cols == 1 else 2):  # T = 1: column 0 only
-                        acc[2 * h + e, sl[b]] = acc[2 * h + e, sl[b]] + sc * d[2 * h + e]
+                        acc[2 * h + e, sl[b]] = acc[2 * h + e, sl[b]] + sc * d[2 * h + e + (1 if q4 else 0)]
 
     def _pairs(self, ops, w0, w1, hbuf, h, q, s, st):
         """The A words per k-step of row g (h = 0) or g + 8 (h = 1) of group q of slot s."""

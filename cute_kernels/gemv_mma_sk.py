@@ -37,7 +37,7 @@ import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.gemv_mma import BIAS_BF16, DslOps, GemvMma, _s32, unit_tiles
+from cute_kernels.gemv_mma import BIAS, BIAS_BF16, DslOps, GemvMma, _s32, unit_tiles
 
 COUNTER_ALIGN = 32  # counters padded to 128 bytes before the fp32 sums
 # Shared bytes a member holds at least: past 113 KB two CTAs (1 KB reserved each) cannot share an sm_90 SM's 228 KB,
@@ -193,8 +193,11 @@ class GemvMmaSK(GemvMma):
 
     def __init__(self, bits: int, group: int, cols: int, epilogue: str, warps: int = 8, stages: int = 3,
                  ctas: int = 2, kmax: int = 0, sk: bool = True, cpa: bool = False, norm: bool = False,
-                 probe: str = ""):
+                 probe: str = "", lo4: bool = False):
         self.accumulate = epilogue == "accumulate"  # y fp32 [1, M] += W x: the sums go there, no ws, no flush
+        if lo4 and (bits != 5 or not self.accumulate or not cpa or not norm or probe):
+            raise ValueError("lo4: the Q5 accumulating member with the RMSNorm folded, through the ring, no probe")
+        self.lo4 = lo4  # W is a mixed stack: its first `lo` tiles a Q4 image (see GemvMmaSKLo)
         super().__init__(bits, group, cols, "plain" if self.accumulate else epilogue, warps=warps, kw=1, tiles=1,
                          stages=stages, ctas=ctas, xs=True, kmax=kmax, norm=norm)
         if probe not in PROBES:
@@ -230,9 +233,10 @@ class GemvMmaSK(GemvMma):
 
     @cute.jit
     def body(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
-             mN: cute.Tensor, eps, smem, ring=None, add=None):
+             mN: cute.Tensor, eps, smem, ring=None, add=None, lo=None):
         """The whole GEMV in the calling kernel: x staged from `smem` (`add`: see GemvMma.xs_smem), the ring
-        `ring` (an Int32 shared tensor of at least ring_bytes(); None: allocated from `smem` after x)."""
+        `ring` (an Int32 shared tensor of at least ring_bytes(); None: allocated from `smem` after x); `lo` (lo4
+        members): the tiles W holds as a Q4 image ahead of its Q5 image."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
@@ -270,7 +274,9 @@ class GemvMmaSK(GemvMma):
             part = cnt + (n_units + COUNTER_ALIGN - 1) // COUNTER_ALIGN * COUNTER_ALIGN * 4
         geo = (mW.iterator, ngr, npairs, high, scale, lane, k, m, n_tiles, n_w, cnt, part, ring0,
                self._out_scale(mW, n_tiles, ngr), _evict_first() if self.cpa else None)
-        if cutlass.const_expr(self.epilogue == "swiglu"):
+        if cutlass.const_expr(self.lo4):
+            self._run_lo(geo + (lo, self._mixed_bases(mW, lo, n_tiles, npairs, lane)), xsd, mY, b0, b1)
+        elif cutlass.const_expr(self.epilogue == "swiglu"):
             if m % 16 == 0:
                 self._run(geo, (0, 1), xsd, mR, mY, b0, b1)
             else:
@@ -280,6 +286,31 @@ class GemvMmaSK(GemvMma):
 
     def _tiles(self, u, m, n_tiles):
         return unit_tiles(self.epilogue, u, m, n_tiles)
+
+    def _c_start(self, s) -> list:
+        """lo4: the odd C words start the Q4 blocks (-136 s), the even ones the Q5 blocks (-144 s)."""
+        v = super()._c_start(s)
+        if not self.lo4:
+            return v
+        v4 = s * cutlass.Float32(-float(BIAS[4]))
+        return [v[0], v4, v[2], v4]
+
+    @cute.jit
+    def _mixed_bases(self, mW, lo, n_tiles, npairs, lane):
+        """A mixed stack's plane addresses for this lane, so that a block of global group pair P (tile * pairs
+        + p, tile over both images) is at base + P x the plane's bytes a pair: (Q4 base, Q4 scale, Q5 base - Q4
+        base, Q5 scale - Q4 scale, Q5 high). The image: the Q4 tile16-v1 image of tiles [0, lo) (base plane,
+        then scales), padded to 256 bytes, then the Q5 image of tiles [lo, n_tiles) (base, high, scale planes)."""
+        p4 = cutlass.Int64(lo * npairs)  # the Q4 image's group pairs
+        p5 = cutlass.Int64((n_tiles - lo) * npairs)
+        w = cutlass.Int64(mW.iterator.toint())
+        q5 = w + p4 * 1024 + (p4 * 64 + 255) // 256 * 256
+        b4 = w + 16 * lane
+        s4 = w + p4 * 1024 + 16 * (lane - 16)
+        b5 = q5 - p4 * 1024 + 16 * lane
+        s5 = q5 + p5 * 1024 + (p5 * 256 + 255) // 256 * 256 - p4 * 64 + 16 * (lane - 16)
+        h5 = q5 + p5 * 1024 - p4 * 256 + 16 * lane
+        return b4, s4, b5 - b4, s5 - s4, h5
 
     @cute.jit
     def _run(self, geo, sl, xsd, mR, mY, b0, b1):
@@ -401,6 +432,108 @@ class GemvMmaSK(GemvMma):
                     _st_u64(at + 8 * e, t)
 
     @cute.jit
+    def _run_lo(self, geo, xsd, mY, b0, b1):
+        """`_run` of a lo4 member (accumulate, one tile slot, ring): blocks b0 .. b1 - 1 of a mixed stack, whose
+        units below `lo` are Q4. The run's Q4 blocks come first: whole rounds of Q4 blocks (their loads, S - 1
+        blocks ahead, may be Q5: the format is chosen per load), then one round that may hold both (a branch per
+        block; only in the few warps whose run crosses the boundary inside a round), then Q5 rounds, so no other
+        block carries two decodes."""
+        npairs, lane, k, lo = geo[2], geo[5], geo[6], geo[15]
+        S = self.ring_slots
+        n = b1 - b0
+        nq = cutlass.min(cutlass.max(lo * npairs - b0, 0), n)  # the run's Q4 blocks
+        wb = cute.make_rmem_tensor((4, 2, 1, 1), cutlass.Int32)
+        hbuf = cute.make_rmem_tensor((self.hw, 2, 1, 1), cutlass.Int32)
+        sb = cute.make_rmem_tensor((2, 1, 1), cutlass.Int32)
+        bufs = (wb, hbuf, sb, sb)
+        u = _udiv(b0, npairs)
+        p = b0 - u * npairs
+        pre, end = min(S - 1, PRE_WAIT), S - 1
+        lu, lp = self._prologue(geo, bufs, (0,), u, p, n, 0, pre)
+        gv = self.load_norm_w(xsd, k, geo[1])
+        cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(pre < end):
+            lu, lp = self._stage_x(xsd, k, geo[1], gv, issue=lambda: self._prologue(geo, bufs, (0,), lu, lp, n, pre, end))
+        else:
+            self._stage_x(xsd, k, geo[1], gv)
+        cute.arch.sync_threads()
+        xsr = self._xs_lane(xsd, lane)
+        cute.arch.griddepcontrol_launch_dependents()
+        ops = DslOps()
+        kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
+        acc = cute.make_rmem_tensor((4, self.slots), cutlass.Float32)
+        acc.fill(0.0)
+        rounds = (n + S - 1) // S
+        ra = nq // S  # rounds of Q4 blocks only
+        rm = ra + cutlass.Int32(nq - ra * S > 0)  # and the round holding both, if the boundary is inside one
+        for rd in cutlass.range(ra, unroll=1):
+            for s in cutlass.range_constexpr(S):
+                lu, lp, u, p = self._step_lo(geo, ops, kb, bufs, acc, xsr, mY, rd * S + s, s, n, nq, lu, lp, u, p, 4)
+        for rd in cutlass.range(ra, rm, unroll=1):
+            for s in cutlass.range_constexpr(S):
+                lu, lp, u, p = self._step_lo(geo, ops, kb, bufs, acc, xsr, mY, rd * S + s, s, n, nq, lu, lp, u, p, 0)
+        for rd in cutlass.range(rm, rounds, unroll=1):
+            for s in cutlass.range_constexpr(S):
+                lu, lp, u, p = self._step_lo(geo, ops, kb, bufs, acc, xsr, mY, rd * S + s, s, n, nq, lu, lp, u, p, 5)
+
+    @cute.jit
+    def _step_lo(self, geo, ops, kb, bufs, acc, xsr, mY, i, s, n, nq, lu, lp, u, p, fmt: int):
+        """Block i of a lo4 run in ring stage s: issue block i + S - 1's copies, then compute block i as Q4
+        (fmt 4), Q5 (5) or as its index says (0: Q4 below nq); add the unit's sums into y at its end. The load
+        cursor (lu, lp) and the compute cursor (u, p), returned advanced."""
+        npairs = geo[2]
+        S = self.ring_slots
+        if i + S - 1 < n:
+            self._load_lo(geo, lu, lp, (s + S - 1) % S, fmt == 4)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(S - 1)
+        lp = lp + 1
+        if lp == npairs:
+            lp = cutlass.Int32(0)
+            lu = lu + 1
+        if i < n:
+            self._ring_to_regs(geo, bufs, 1, s, fmt != 4)
+            if cutlass.const_expr(fmt == 0):
+                if i < nq:
+                    self._compute(ops, kb, bufs, acc, (0,), 0, p, xsr, q4=True)
+                else:
+                    self._compute(ops, kb, bufs, acc, (0,), 0, p, xsr)
+            else:
+                self._compute(ops, kb, bufs, acc, (0,), 0, p, xsr, q4=fmt == 4)
+            p = p + 1
+            if p == npairs or i == n - 1:
+                self._sums(geo, (0,), acc, u, mY)
+                acc.fill(0.0)
+                if p == npairs:
+                    p = cutlass.Int32(0)
+                    u = u + 1
+        return lu, lp, u, p
+
+    @cute.jit
+    def _load_lo(self, geo, u, p, st, sel: bool):
+        """cp.async pair p of unit u of a mixed stack into ring stage st (`_load_cpa`'s slot layout): Q5 when
+        not `sel`, else as the unit says (below lo: Q4, no high bytes)."""
+        npairs, lane, pol, lo = geo[2], geo[5], geo[14], geo[15]
+        b4, s4, db, ds, h5 = geo[16]
+        pair = u * npairs + p
+        d = self._ring_addr(geo, 1, st, 0)
+        b, sc = b4 + db, s4 + ds
+        if cutlass.const_expr(sel):
+            keep = cutlass.Int64(0) - cutlass.Int64(u >= lo)  # all ones for a Q5 unit
+            b, sc = b4 + (db & keep), s4 + (ds & keep)
+        src = _mad_wide(pair, 1024, b)
+        for q in cutlass.range_constexpr(2):
+            _cp_async_stream(d + 512 * q + 16 * lane, src + 512 * q, pol)
+        if lane < 16:
+            if cutlass.const_expr(sel):
+                if u >= lo:
+                    _cp_async_stream(d + 1024 + 16 * lane, _mad_wide(pair, 256, h5), pol)
+            else:
+                _cp_async_stream(d + 1024 + 16 * lane, _mad_wide(pair, 256, h5), pol)
+        if lane >= 16 and lane < 16 + self.scale_run() // 16:
+            _cp_async_stream(d + 1280 + 16 * (lane - 16), _mad_wide(pair, 64, sc), pol)
+
+    @cute.jit
     def _prologue(self, geo, bufs, sl, lu, lp, n, first, last):
         """Issue slots first .. last - 1 of the run's first S - 1 blocks (slot st nb + b: tile slot b of
         block st, into ring stage st; register stages: whole blocks only), the load cursor at the block
@@ -434,7 +567,15 @@ class GemvMmaSK(GemvMma):
         lanes < 16 hw at 1024 + 16 lane; its scale run (`scale_run` bytes) by the next lanes at
         1024 + 256 hw + 16 lane. Every plane holds a tile's group pairs one after another, tile after tile,
         so a source is its plane's lane base plus (tile * pairs + p) times the plane's bytes a pair.
-        Slots b0 .. b1 - 1 only (default: all)."""
+        Slots b0 .. b1 - 1 only (default: all). lo4: `_load_lo`, its format chosen by the unit."""
+        if cutlass.const_expr(self.lo4):
+            self._load_lo(geo, u, p, st, True)
+        else:
+            self._load_cpa_one(geo, sl, u, p, st, b0, b1)
+
+    @cute.jit
+    def _load_cpa_one(self, geo, sl, u, p, st, b0=0, b1=None):
+        """`_load_cpa` for an image of one format."""
         w_ptr, _, npairs, high, scale, lane, _, m, n_tiles = geo[:9]
         pol = geo[14]
         tiles = self._tiles(u, m, n_tiles)
@@ -464,9 +605,10 @@ class GemvMmaSK(GemvMma):
         return max(self._scale_off(0, 0, 0, 2, lane) for lane in range(32)) + 4 * self.sw
 
     @cute.jit
-    def _ring_to_regs(self, geo, bufs, nb, st):
+    def _ring_to_regs(self, geo, bufs, nb, st, high: bool = True):
         """This lane's words of ring stage st into the single register stage (lanes read bytes other lanes
-        copied: a warp barrier after the cp.async wait, and one after the reads before the slot is refilled)."""
+        copied: a warp barrier after the cp.async wait, and one after the reads before the slot is refilled);
+        not the high words when not `high` (a Q4 block of a lo4 member)."""
         lane = geo[5]
         wb, hbuf, sb, _ = bufs
         cute.arch.sync_warp()
@@ -476,7 +618,7 @@ class GemvMmaSK(GemvMma):
                 v = _lds(d + 512 * q + 16 * lane, 4)
                 for e in cutlass.range_constexpr(4):
                     wb[e, q, b, 0] = v[e]
-                if cutlass.const_expr(self.hw > 0):
+                if cutlass.const_expr(self.hw > 0 and high):
                     h = _lds(d + 1024 + 128 * self.hw * q + 4 * self.hw * lane, self.hw)
                     for e in cutlass.range_constexpr(self.hw):
                         hbuf[e, q, b, 0] = h[e]
@@ -586,3 +728,44 @@ class GemvMmaSKAdd(GemvMmaSK):
     def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
                mN: cute.Tensor, eps, mS: cute.Tensor, mXo: cute.Tensor, mZ: cute.Tensor):
         self.body(mW, mX, mR, mY, mWs, mN, eps, cutlass.memory.SmemAllocator(), add=(mS, mXo, mZ))
+
+
+class GemvMmaSKLo(GemvMmaSK):
+    """The `_acc_n` Q5 member over a mixed stack (`lo4`): W's first `lo` tiles are a Q4 tile16-v1 image (base
+    plane, then scales), padded to 256 bytes, followed by the Q5 image of the other tiles (inferno/model/gpu/
+    merge.py), so the Q4 rows of a merged input projection are read as Q4. `lo` is a launch argument."""
+
+    def __init__(self, *args, lo4: bool = True, **kw):
+        super().__init__(*args, lo4=lo4, **kw)
+
+    @cute.jit
+    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
+                 mN: cute.Tensor, eps, lo: cutlass.Int32, stream: cuda.CUstream):
+        self.kernel(mW, mX, mR, mY, mWs, mN, eps, lo).launch(grid=(264, 1, 1), block=(self.threads, 1, 1),
+                                                             stream=stream, min_blocks_per_mp=self.ctas,
+                                                             preferred_smem_carveout=-1)
+
+    @cute.kernel
+    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
+               mN: cute.Tensor, eps, lo: cutlass.Int32):
+        self.body(mW, mX, mR, mY, mWs, mN, eps, cutlass.memory.SmemAllocator(), lo=lo)
+
+
+class GemvMmaSKAddLo(GemvMmaSKAdd):
+    """GemvMmaSKLo whose x is bf16(x + s) (`_acc_na`, see GemvMmaSKAdd)."""
+
+    def __init__(self, *args, lo4: bool = True, **kw):
+        super().__init__(*args, lo4=lo4, **kw)
+
+    @cute.jit
+    def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
+                 mN: cute.Tensor, eps, mS: cute.Tensor, mXo: cute.Tensor, mZ: cute.Tensor, lo: cutlass.Int32,
+                 stream: cuda.CUstream):
+        self.kernel(mW, mX, mR, mY, mWs, mN, eps, mS, mXo, mZ, lo).launch(
+            grid=(264, 1, 1), block=(self.threads, 1, 1), stream=stream, min_blocks_per_mp=self.ctas,
+            preferred_smem_carveout=-1)
+
+    @cute.kernel
+    def kernel(self, mW: cute.Tensor, mX: cute.Tensor, mR: cute.Tensor, mY: cute.Tensor, mWs: cute.Tensor,
+               mN: cute.Tensor, eps, mS: cute.Tensor, mXo: cute.Tensor, mZ: cute.Tensor, lo: cutlass.Int32):
+        self.body(mW, mX, mR, mY, mWs, mN, eps, cutlass.memory.SmemAllocator(), add=(mS, mXo, mZ), lo=lo)

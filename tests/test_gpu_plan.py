@@ -14,7 +14,7 @@ from inferno.artifact.identities import lookup
 from inferno.cuda.errors import OutOfMemoryError
 from inferno.errors import NotBuiltError, UsageError
 from inferno.kernels.kv_layout import KVLayout
-from inferno.kernels.tiled import tiled_geometry
+from inferno.kernels.tiled import mixed_nbytes, tiled_geometry
 from inferno.model.executor import Executor
 from inferno.model.gpu import GpuExecutor
 from inferno.model.gpu.diagnose import layer_errors, report
@@ -61,9 +61,9 @@ def test_plan_places_every_decode_weight_with_its_artifact_size(inventory):
     assert [p.name for p in plan.placements] == [n for n, _, _ in decode_weights(config, merged=merged)]
     for p in plan.placements:
         assert p.where == "device"
-        if p.merged:  # input projections stacked by rows (tests/test_merge_proj.py)
+        if p.merged:  # input projections stacked by rows (tests/test_merge_proj.py); tiny-dense: mixed stacks
             assert p.shape == (sum(expected[s].shape[0] for s in p.sources), config.hidden)
-            assert p.nbytes == tiled_geometry(p.fmt, *p.shape).nbytes
+            assert p.q4_rows and p.nbytes == mixed_nbytes(*p.shape, p.q4_rows)
         elif p.stored in (PAYLOAD, TILED):
             e = expected[p.sources[0]]
             assert (p.fmt, p.shape) == (e.format, e.shape)

@@ -142,8 +142,9 @@ def test_every_prefill_launch_passes_the_launchers(dry, artifact):  # noqa: F811
         def ffn() -> list[str]:
             return ["add_rmsnorm", *linear(), "silu_mul", *linear(), "add_rmsnorm"]
 
-        if ex.plan.merge:  # the input projections dequantised once as one matrix (INFERNO_MERGE_PROJ=1)
-            gdn_in, attn_in = ["dequant", "gemm", "gemm"], ["dequant", "gemm", "gemm", "gemm", "gemm"]
+        if ex.plan.merge:  # the input projections as one matrix (INFERNO_MERGE_PROJ=1), tiny-dense's mixed stacks
+            assert all(p.q4_rows for p in ex.plan.placements if p.merged)  # dequantised per image: Q4, then Q5
+            gdn_in, attn_in = ["dequant", "dequant", "gemm", "gemm"], ["dequant", "dequant", *["gemm"] * 4]
         else:
             gdn_in, attn_in = ["dequant", "dequant", "gemm", "gemm"], ["dequant", "gemm", "gemm"] * 2
         gdn = [*gdn_in, "gdn_conv_prefill", "gdn_chunk", *linear(), *ffn()]

@@ -91,14 +91,15 @@ def test_step_bytes_match_the_accounting(artifact, ex, acct):
         # The GPU keeps the embedding table dequantized to bf16: its row is 2 * hidden bytes,
         # the accounting's the artifact's stored row.
         emb = 2 * ex.config.hidden - acct.weight_bytes["embedding_row"]
-        # Merged input projections: the device's stack holds the narrower half at the wider width; the
-        # profile counts those bytes, the accounting the artifact's.
+        # Merged input projections: a widened stack holds the narrower half at the wider width, a mixed one each
+        # half's image (and padding); the profile counts those bytes, the accounting the artifact's.
         a, *_ = open_checked(artifact)
         try:
             wider = sum(p.nbytes - sum(len(a.tensor_bytes(s)) for s in p.sources) for p in ex.plan.placements if p.merged)
         finally:
             a.close()
-        assert (wider > 0) == ex.plan.merge  # tiny-dense: Q4 query_key halves under Q5 value_z / gate_value
+        # tiny-dense: Q4 query_key halves of whole tiles over Q5 value_z / gate_value, mixed: the halves' bytes
+        assert wider == 0 and all(p.q4_rows for p in ex.plan.placements if p.merged)
         assert rec.fixed_bytes() == acct.decode_step_bytes(context) + emb + wider
         total = sum(t.bytes for t in rec.times())
         assert acct.decode_step_bytes(context) < total < 1.1 * acct.decode_step_bytes(context)

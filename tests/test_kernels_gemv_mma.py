@@ -212,8 +212,9 @@ def test_variant_table():
     names = {v.name for v in mv.GEMV_MMA_VARIANTS}
     # register-x K splits for every (format, epilogue, T), + T = 1 Q4-Q6: xs K splits and stream-K
     # + the deferred-epilogue stream-K members: accumulate (plain, _n, _na), plain / swiglu `_na`, Q4-Q6
+    # + the mixed-stack Q5 members (`_acc_n_lo4`, `_acc_na_lo4`)
     assert len(names) == len(mv.GEMV_MMA_VARIANTS) == (4 * 3 * 2 * len(mv.KW) + (3 * 3 + 3 * 2) * (len(mv.XS_KW) + 1)
-                                                       + 3 * 5)
+                                                       + 3 * 5 + 2)
     assert mv.variant_name("Q4G64_F16S", "swiglu", 1) == "gemv_mma_q4_t1_swiglu"
     assert mv.variant_name("W8G32_F16S", "residual", 2) == "gemv_mma_w8_t8_res"
     assert mv.variant_name("Q6G64_F16S", "plain", 8) == "gemv_mma_q6_t8"
@@ -479,6 +480,39 @@ def test_deferred_members(tmp_path):
     assert "RED" in a and "HMMA" in a and "ATOM" not in a and "STG" not in a
     assert "ATOM" in n and "STG.E.128" in n and "HMMA" in n
     _x_before_ring(n)
+
+
+def test_lo4_members(tmp_path):
+    """The mixed-stack members (`_lo4`: W's first lo tiles a Q4 image, the Q5 accumulating GEMV with the RMSNorm
+    folded): names, arguments (lo an i32 last), families of their own, refusals; in SASS no atomics or stores
+    (accumulate) and four copies of the block's mmas (the Q4 rounds, the mixed round's two, the Q5 rounds)."""
+    import subprocess
+
+    from inferno.kernels.build import build_variant
+
+    n, na = mv.gemv_mma_variant("gemv_mma_q5_t1_acc_n_lo4_sk"), mv.gemv_mma_variant("gemv_mma_q5_t1_acc_na_lo4_sk")
+    assert [a.name for a in n.args if a is not None] == ["w", "x", "y", "nw", "eps", "lo"]
+    assert [a.name for a in na.args if a is not None][-1] == "lo" and na.args[-1].dtype == "i32"
+    assert mv.family_members("gemv_mma_q5_t1_acc_n_lo4") == [n.name]
+    assert mv.family_members("gemv_mma_q5_t1_acc_n") == ["gemv_mma_q5_t1_acc_n_sk"]
+    assert not any("lo4" in v.name for v in mv.GEMV_MMA_VARIANTS if v.config["bits"] != 5)
+    for bad in (dict(fmt="Q4G64_F16S", epilogue=mv.ACCUMULATE, norm=True), dict(fmt="Q5G64_F16S", epilogue="plain",
+                norm=True), dict(fmt="Q5G64_F16S", epilogue=mv.ACCUMULATE)):
+        with pytest.raises(LaunchError, match="lo4"):
+            mv.make_sk_variant(**bad, lo4=True)
+    base = mv.gemv_mma_variant("gemv_mma_q5_t1_acc_n_sk")
+    tool = _cuobjdump()
+    sass = {}
+    for v in (n, base):
+        build_variant(v, "sm_90a", tmp_path)
+        if tool is not None:
+            sass[v.name] = subprocess.run([tool, "-sass", str(tmp_path / "sm_90a" / f"{v.name}.cubin")],
+                                          capture_output=True, text=True, check=True).stdout
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    lo, one = sass[n.name], sass[base.name]
+    assert "ATOM" not in lo and "STG" not in lo and "RED" in lo
+    assert lo.count("HMMA") == 4 * one.count("HMMA")
 
 
 @pytest.mark.parametrize("name,arch", [("gemv_mma_q4_t1_swiglu_k2", "sm_90a"), ("gemv_mma_q5_t1_res_sk", "sm_90a"),

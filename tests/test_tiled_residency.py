@@ -20,6 +20,7 @@ from inferno.kernels.tiled import tile, tiled_geometry
 from inferno.model.gpu import GpuExecutor
 from inferno.model.gpu import residency as R
 from inferno.model.gpu.emulator import EmulatedOps
+from inferno.model.gpu.merge import mixed_parts
 from model_fixtures import artifact_inventory, tiny_groupwise_artifact
 
 
@@ -116,7 +117,7 @@ def test_plan_reads_the_environment(monkeypatch, inventory):
 def test_gemv_kinds_report_tiled_per_placement(inventory):
     config, expected = inventory
     kinds = {mode: R.gemv_kinds(R.plan_residency(config, expected, 1, 64, tiling=mode, merge=False).placements)
-             for mode in R.TILING_MODES}  # (merged: the Q4 input projections run as Q5, test_merge_proj.py)
+             for mode in R.TILING_MODES}  # (merged: the Q5 stacks of test_merge_proj.py)
     assert ("Q6G64_F16S", "plain", True) in kinds["head"]  # the head
     assert {(f, e) for f, e, t in kinds["head"] if t} == {("Q6G64_F16S", "plain")}
     assert all(t for f, e, t in kinds["all"] if f in FORMATS)
@@ -174,6 +175,8 @@ def test_launches_follow_each_placements_storage(request, mode):
     ex = request.getfixturevalue("tiled_all" if mode == "all" else "head")
     ops = ex.ops
     tiled_ptrs = {ex.weights[p.name].buf.ptr: p.stored == R.TILED for p in ex.plan.placements}
+    tiled_ptrs |= {ex.weights[p.name].buf.ptr + offset: True for p in ex.plan.placements if p.q4_rows
+                   for *_, offset, _ in mixed_parts(*p.shape, p.q4_rows)}  # a mixed stack: dequantised per image
     gemvs, dequants = [], []
     real_gemv, real_dequant = ops.gemv, ops.dequant
 
@@ -261,7 +264,8 @@ def test_all_mode_launches_pass_the_launchers(dry, artifact, monkeypatch):  # no
         c = ex.config
         per_layer = 3 + (1 if ex.plan.merge else 2)  # input projections (merged: one matrix), output, gate_up, down
         assert len(gemvs) == per_layer * c.n_layers + 2  # decode step + the prefill's decode head
-        assert len(dequants) == 2 * per_layer * c.n_layers  # two chunks
+        mixed = sum(p.q4_rows > 0 for p in ex.plan.placements)  # a mixed stack: one dequant per image
+        assert len(dequants) == 2 * (per_layer * c.n_layers + mixed)  # two chunks
     finally:
         ex.release(s)
         ex.close()

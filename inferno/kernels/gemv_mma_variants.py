@@ -28,7 +28,7 @@ from inferno.cuda.params import TensorArg
 from inferno.kernels.gemv_variants import EPILOGUES, FORMATS, gemv_args, gemv_tensors
 from inferno.kernels.launchers import _buf
 from inferno.kernels.registry import Scalar, Tensor, Variant
-from inferno.kernels.tiled import LAYOUT, tiled_geometry
+from inferno.kernels.tiled import LAYOUT, mixed_nbytes, tiled_geometry
 
 if TYPE_CHECKING:
     from inferno.cuda.device import Device
@@ -188,13 +188,16 @@ SMEM_BLOCK = 227 * 1024  # shared memory one CTA may use (sm_90)
 
 def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None = None, ctas: int = SK_CTAS,
                     warps: int = SK_WARPS, cpa: bool = True, norm: bool = False, probe: str = "",
-                    add: bool = False) -> Variant:
+                    add: bool = False, lo4: bool = False) -> Variant:
     """The stream-K member `<family>_sk` (Q4-Q6, T = 1: shared-memory ring, SK_STAGES, 1 x 16 warps per
     SM); other ring shapes are `<family>_sk_p<s>_c<c>_w<w>`, register stages `<family>_sk_regs_p<s>_c<c>_w<w>`;
     `probe` (benchmark only, wrong results): `<family>_sk_probe_<probe>` (cute_kernels/gemv_mma_sk.py).
     `accumulate`: y fp32 += W x, no workspace; `add`: x is bf16(x + s) (GemvMmaSKAdd: s fp32 [K], xo bf16 [K],
-    z fp32 [K] after the norm arguments)."""
+    z fp32 [K] after the norm arguments); `lo4` (Q5 `_acc_n` / `_acc_na`): W a mixed stack whose first `lo` tiles
+    are a Q4 image (`tiled.mixed_nbytes`), `lo` (i32) the last argument: the family `<family>_lo4`."""
     _, bits, group = FORMATS[fmt]
+    if lo4 and (bits != 5 or epilogue != ACCUMULATE or not norm or not cpa or probe):
+        raise LaunchError("the lo4 stream-K GEMV is the Q5 accumulating one with the RMSNorm folded (a mixed stack)")
     if bits == 8 or cols != 1:
         raise LaunchError("stream-K GEMV: Q4-Q6 at T = 1 only")
     acc = epilogue == ACCUMULATE
@@ -204,7 +207,7 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
     if cpa and not ring_fits(fmt, epilogue, stages, warps):
         raise LaunchError(f"stream-K GEMV {fmt} {epilogue}: a ring of {stages} stages for {warps} warps does not fit "
                           f"one CTA's {SMEM_BLOCK // 1024} KB of shared memory next to x; use fewer stages or warps")
-    name = f"{variant_name(fmt, epilogue, cols, norm, add)}_sk"
+    name = f"{variant_name(fmt, epilogue, cols, norm, add)}{'_lo4' if lo4 else ''}_sk"
     if not cpa:
         name += f"_regs_p{stages}_c{ctas}_w{warps}"
     elif (stages, ctas, warps) != (default, SK_CTAS, SK_WARPS):
@@ -218,11 +221,16 @@ def make_sk_variant(fmt: str, epilogue: str, cols: int = 1, stages: int | None =
     extra = (Tensor("s", "f32", ("K",), (1,)), Tensor("xo", "bf16", ("K",), (1,)),
              Tensor("z", "f32", ("K",), (1,))) if add else ()
     what = ("y += W x (fp32 sums, no flush)" if acc else f"{epilogue} GEMV") + (", x = bf16(x + s)" if add else "")
+    if lo4:
+        extra += (Scalar("lo", "i32"),)
+        what += ", W's first lo tiles a Q4 image"
     return Variant(
-        name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk", cls="GemvMmaSKAdd" if add else "GemvMmaSK",
+        name=name, op="gemv_mma", source="cute_kernels.gemv_mma_sk",
+        cls=("GemvMmaSKAdd" if add else "GemvMmaSK") + ("Lo" if lo4 else ""),
         config=dict(bits=bits, group=group, cols=cols, epilogue=epilogue, warps=warps, stages=stages, ctas=ctas,
                     kmax=kmax_for(norm), sk=True, cpa=cpa, **({"norm": True} if norm else {}),
-                    **({"probe": probe} if probe else {}), **({"add": True} if add else {})),
+                    **({"probe": probe} if probe else {}), **({"add": True} if add else {}),
+                    **({"lo4": True} if lo4 else {})),
         archs=("sm_90a",) if cpa else ("sm_90a", "sm_120a"),  # the ring needs sm_90's 227 KB per CTA
         args=(w, x, r, y, ws, *norm_tensors(norm), *extra), grid=(f"SMS * {ctas}", "1", "1"),
         divisibility={"K": 8, "x_stride": 8},
@@ -299,7 +307,9 @@ def deferred_members(fmt: str) -> list[Variant]:
         return []
     return ([make_sk_variant(fmt, ACCUMULATE)]
             + [make_sk_variant(fmt, e, norm=True, add=True) for e in ("plain", "swiglu")]
-            + [make_sk_variant(fmt, ACCUMULATE, norm=True, add=add) for add in (False, True)])
+            + [make_sk_variant(fmt, ACCUMULATE, norm=True, add=add) for add in (False, True)]
+            + [make_sk_variant(fmt, ACCUMULATE, norm=True, add=add, lo4=True) for add in (False, True)
+               if FORMATS[fmt][1] == 5])
 
 
 GEMV_MMA_VARIANTS: tuple[Variant, ...] = tuple(
@@ -397,13 +407,16 @@ class GemvMma:
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
-                 add: "Addend | None" = None, stream: Any = None) -> None:
+                 add: "Addend | None" = None, lo: int | None = None, stream: Any = None) -> None:
         """W is [n, k] in tile16-v1 (n = 2I for swiglu); x [cols, k], y (and r) [cols, n or I], contiguous bf16
         (`accumulate`: y fp32 [n], added to); `norm` = (weight bf16 [k], eps) for a `_n` family: x is RMS-normed
-        while it is staged; `add` for a `_na` family (see Addend)."""
+        while it is staged; `add` for a `_na` family (see Addend); `lo` for a `_lo4` family: W is a mixed stack
+        whose first lo tiles are a Q4 image (`tiled.mixed_nbytes`)."""
         if self.sk is not None and not (self.xs_by_kw or self.by_kw):  # accumulate / _na: stream-K only
-            self.sk(w, x, y, n, k, cols, r=r, norm=norm, add=add, stream=stream)
+            self.sk(w, x, y, n, k, cols, r=r, norm=norm, add=add, lo=lo, stream=stream)
             return
+        if lo is not None:
+            raise LaunchError(f"{self.name}: lo= is for the stream-K `_lo4` families")
         m, args = gemv_args(self.name, self.cols, self.epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
         pick = self.member(m, k)
         if isinstance(pick, GemvMmaSK):
@@ -432,7 +445,7 @@ class GemvMmaSK:
         self.bits, self.group, self.cols, self.epilogue = c["bits"], c["group"], c["cols"], c["epilogue"]
         self.fmt = self._format(c)
         self.warps, self.ctas, self.kmax = c["warps"], c["ctas"], c["kmax"]
-        self.norm, self.add = bool(c.get("norm")), bool(c.get("add"))
+        self.norm, self.add, self.lo4 = bool(c.get("norm")), bool(c.get("add")), bool(c.get("lo4"))
         self.accumulate = self.epilogue == ACCUMULATE
         self._ws: dict[tuple[int, int], DeviceBuffer] = {}
 
@@ -468,13 +481,16 @@ class GemvMmaSK:
 
     def __call__(self, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int, cols: int, *,
                  r: DeviceBuffer | None = None, norm: "tuple[DeviceBuffer, float] | None" = None,
-                 add: "Addend | None" = None, stream: Any = None) -> None:
+                 add: "Addend | None" = None, lo: int | None = None, stream: Any = None) -> None:
         if k > self.kmax:
             raise LaunchError(f"{self.name} takes K <= {self.kmax}, got {k}; use the register-x family")
         if (add is not None) != self.add:
             raise LaunchError(f"kernel {self.name}: pass add= exactly for a `_na` family")
+        if (lo is not None) != self.lo4:
+            raise LaunchError(f"kernel {self.name}: pass lo= (the mixed stack's Q4 tiles) exactly for a `_lo4` family")
         epilogue = "plain" if self.accumulate else self.epilogue
-        m, args = gemv_args(self.name, self.cols, epilogue, self._weight_bytes, w, x, y, n, k, cols, r)
+        wbytes = self._weight_bytes if lo is None else (lambda n_, k_: mixed_nbytes(n_, k_, 16 * lo))
+        m, args = gemv_args(self.name, self.cols, epilogue, wbytes, w, x, y, n, k, cols, r)
         if self.accumulate:  # y fp32: the sums go straight there, no workspace
             args[-1] = TensorArg(_buf(y, "y", self.name, cols * m * 4), (cols, m), (m,))
         else:
@@ -487,6 +503,8 @@ class GemvMmaSK:
             args += [TensorArg(_buf(add.s, "s", self.name, k * 4), (k,)),
                      TensorArg(_buf(add.xo, "xo", self.name, k * 2), (k,)),
                      TensorArg(_buf(add.z, "z", self.name, k * 4), (k,))]
+        if lo is not None:
+            args.append(int(lo))
         mf = self.loaded.manifest
         launch(self.loaded.kernel, (self.grid(m, k), 1, 1), mf.block, self.loaded.layout.pack(args), mf.smem, stream)
 
@@ -521,14 +539,15 @@ def family_members(name: str) -> list[str]:
         return [name]
     fast = [v.name for v in GEMV_MMA_VARIANTS if v.name.startswith(name + "_") and
             (v.config.get("xs") or v.config.get("sk")) and _family_of(v) == name]
-    regs = [] if name.endswith(("_n", "_na", "_acc")) else [f"{name}_k{kw}" for kw in KW]
+    regs = [] if name.endswith(("_n", "_na", "_acc", "_lo4")) else [f"{name}_k{kw}" for kw in KW]
     return regs + fast
 
 
 def _family_of(v: Variant) -> str:
     c = v.config
     fmt = next(f for f, (_, b, g) in FORMATS.items() if (b, g) == (c["bits"], c["group"]))
-    return variant_name(fmt, c["epilogue"], c["cols"], bool(c.get("norm")), bool(c.get("add")))
+    return variant_name(fmt, c["epilogue"], c["cols"], bool(c.get("norm")), bool(c.get("add"))) + (
+        "_lo4" if c.get("lo4") else "")
 
 
 def build(out_dir: str, archs: tuple[str, ...] = ("sm_90a",), names: tuple[str, ...] | None = None) -> None:

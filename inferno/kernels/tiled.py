@@ -87,6 +87,24 @@ def tiled_geometry(fmt: str, n: int, k: int):
     return TiledGeometry(fmt, n, k, tiles, ng, hb, base, high_off, high, scale_off, tiles * ng * 32)
 
 
+MIXED_LOW, MIXED_HIGH = "Q4G64_F16S", "Q5G64_F16S"  # a mixed stack: Q4 rows ahead of Q5 rows
+
+
+def mixed_offset(q4_rows: int, k: int) -> int:
+    """Byte offset of the Q5 image in a mixed stack whose first `q4_rows` rows (a multiple of 16) are a Q4
+    image: the Q4 `tile16-v1` image's bytes padded to PLANE_ALIGN."""
+    return _up(tiled_geometry(MIXED_LOW, q4_rows, k).nbytes, PLANE_ALIGN)
+
+
+def mixed_nbytes(n: int, k: int, q4_rows: int) -> int:
+    """Bytes of a mixed stack of [n, k]: rows [0, q4_rows) a Q4 `tile16-v1` image, padded to PLANE_ALIGN, then
+    rows [q4_rows, n) a Q5 one (the stream-K `lo4` GEMV members read it whole)."""
+    if q4_rows <= 0 or q4_rows % TILE_ROWS or q4_rows >= n:
+        raise TiledLayoutError(f"a mixed stack of {n} rows needs 0 < Q4 rows < {n}, a multiple of {TILE_ROWS}; "
+                               f"got {q4_rows}")
+    return mixed_offset(q4_rows, k) + tiled_geometry(MIXED_HIGH, n - q4_rows, k).nbytes
+
+
 _HIGH_BITS = (4, 9, 14, 15, 20, 25, 30, 31)  # where `pack_q5` puts the high bits of codes 0-7 of a base word
 
 

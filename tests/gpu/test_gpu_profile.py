@@ -63,7 +63,8 @@ def test_step_profile_times_every_launch(artifact, ex):
         names = {t.kernel for t in times}
         assert "gemv_bf16_t1_n gdn/a_b_projection" in names and "attention" in names, table(times)
         emb = 2 * config.hidden - acct.weight_bytes["embedding_row"]  # the GPU's table is bf16
-        # merged input projections hold their narrower half at the wider width (the accounting: the artifact's)
+        # merged input projections: a widened stack holds its narrower half at the wider width, a mixed one each
+        # half's image (the accounting: the artifact's bytes)
         inv = {e.name: e for e in expected}
         wider = sum(p.nbytes - sum(packed_nbytes(inv[s].format, inv[s].layout, inv[s].shape) for s in p.sources)
                     for p in ex.plan.placements if p.merged)

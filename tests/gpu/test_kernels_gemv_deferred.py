@@ -127,3 +127,67 @@ def test_add_members(device, rng, fmt):
                                  "plain" if acc else epi, None, np.arange(m))[0]
         err = rel_error(y, want.astype(np.float32))
         assert err <= (NORM_ACC_TOL if acc else BF16_TOL), f"{what}: rel err {err:.2e}"
+
+
+LO4_CASES = ((16, 16, 136), (16, 1, 136), (64, 938, 200), (48, 300, 2048), (4096, 12288, 5120), (7168, 7168, 5120))
+
+
+def _mixed_weights(q4_rows, q5_rows, k, rng):
+    """Random Q4 [q4_rows, k] and Q5 [q5_rows, k] payloads and their mixed stack on the device."""
+    from inferno.kernels.tiled import mixed_nbytes, mixed_offset
+
+    p4, p5 = ql.random_payload("Q4G64_F16S", q4_rows, k, rng), ql.random_payload("Q5G64_F16S", q5_rows, k, rng)
+    image = np.full(mixed_nbytes(q4_rows + q5_rows, k, q4_rows), 0xA5, np.uint8)  # the padding poisoned
+    t4 = tile("Q4G64_F16S", p4, q4_rows, k)
+    image[:t4.size] = t4
+    image[mixed_offset(q4_rows, k):] = tile("Q5G64_F16S", p5, q5_rows, k)
+    return p4, p5, to_device(None, image, "w mixed")
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_lo4_members(device, rng, add):
+    """`_acc_n_lo4` / `_acc_na_lo4` on mixed stacks (the first rows a Q4 image, the rest Q5): y fp32 += W
+    rmsnorm(x) (x = bf16(x + s) with add: xo bit-exact, z zeroed), Q4 rows against the Q4 reference and Q5 rows
+    against the Q5 one, on shapes whose warps' runs start, end and cross the format boundary anywhere (the 27B
+    GDN and attention input projections among them); the family refuses a call without lo=, the plain
+    `_acc_n` family one with it."""
+    kern = mv.GemvMma.load(mv.variant_name("Q5G64_F16S", mv.ACCUMULATE, 1, norm=True, add=add) + "_lo4", device)
+    plain = mv.GemvMma.load(mv.variant_name("Q5G64_F16S", mv.ACCUMULATE, 1, norm=True, add=add), device)
+    for q4_rows, q5_rows, k in LO4_CASES:
+        n = q4_rows + q5_rows
+        p4, p5, dw = _mixed_weights(q4_rows, q5_rows, k, rng)
+        x = (rng.standard_normal((1, k), np.float32) * 4 + 1).astype(bf16)
+        s = (rng.standard_normal(k) * 3).astype(np.float32)
+        nw = (rng.standard_normal(k, np.float32) * 0.2).astype(bf16)
+        y0 = rng.standard_normal(n).astype(np.float32)
+        dx, ds, dnw = to_device(None, x, "x"), to_device(None, s, "s"), to_device(None, nw, "nw")
+        dxo, dz, dy = _guarded(2 * k, "xo"), _guarded(4 * k, "z", 0x3C), _guarded(4 * n, "y")
+        extra = dict(add=mv.Addend(ds, dxo, dz)) if add else {}
+        try:
+            h2d(dy, y0)
+            kern(dw, dx, dy, n, k, 1, norm=(dnw, 1e-6), lo=q4_rows // 16, **extra)
+            xo = from_device(dxo, np.uint8, (2 * k + GUARD,))
+            z = from_device(dz, np.uint8, (4 * k + GUARD,))
+            raw = from_device(dy, np.uint8, (4 * n + GUARD,))
+            with pytest.raises(LaunchError, match="lo="):
+                kern(dw, dx, dy, n, k, 1, norm=(dnw, 1e-6), **extra)
+            with pytest.raises(LaunchError, match="lo="):
+                plain(dw, dx, dy, n, k, 1, norm=(dnw, 1e-6), lo=q4_rows // 16, **extra)
+        finally:
+            for b in (dw, dx, ds, dnw, dxo, dz, dy):
+                b.free()
+        what = f"acc_{'na' if add else 'n'}_lo4 [{q4_rows} + {q5_rows}, {k}]"
+        x_in = (x[0].astype(np.float32) + s).astype(bf16) if add else x[0]
+        assert np.all(raw[4 * n:] == 0xFF), f"{what}: guard tail written"
+        if add:
+            assert np.all(xo[2 * k:] == 0xFF) and np.all(z[4 * k:] == 0x3C), f"{what}: a guard tail written"
+            np.testing.assert_array_equal(xo[:2 * k].view(np.uint16), x_in.view(np.uint16), err_msg=f"{what}: xo")
+            assert np.all(z[:4 * k] == 0), f"{what}: z not zeroed"
+        xn = rms_normed(x_in[None], nw, 1e-6).astype(np.float32)
+        want = np.concatenate(
+            [ql.reference("Q4G64_F16S", p4, q4_rows, k, xn, "plain", None, np.arange(q4_rows))[0],
+             ql.reference("Q5G64_F16S", p5, q5_rows, k, xn, "plain", None, np.arange(q5_rows))[0]])
+        got = raw[:4 * n].view(np.float32).astype(np.float64) - y0  # the launch's sums alone
+        for part, rows in (("Q4 rows", slice(0, q4_rows)), ("Q5 rows", slice(q4_rows, n))):
+            err = rel_error(got[rows], want[rows])
+            assert err <= NORM_ACC_TOL, f"{what}: {part} rel err {err:.2e}"

@@ -40,7 +40,7 @@ class EmulatedOps:
         self.mem = np.zeros(capacity + ALIGN, np.uint8)
         self.capacity = capacity
         self.top = 0
-        self._dequant: dict[tuple[int, int, int, str, bool], np.ndarray] = {}
+        self._dequant: dict[tuple[int, int, int, str, bool, int], np.ndarray] = {}
         self.launches = 0
 
     # ---- memory ----------------------------------------------------------------------------------
@@ -120,9 +120,16 @@ class EmulatedOps:
         self.launches += 1
         self._put(y, rms_norm(self._get(x, bfloat16, n), self._get(w, bfloat16, n), eps))
 
-    def _weights(self, fmt: str, w: DeviceBuffer, n: int, k: int, tiled: bool = False) -> np.ndarray:
-        key = (w.ptr, n, k, fmt, tiled)
+    def _weights(self, fmt: str, w: DeviceBuffer, n: int, k: int, tiled: bool = False, q4_rows: int = 0) -> np.ndarray:
+        key = (w.ptr, n, k, fmt, tiled, q4_rows)
         m = self._dequant.get(key)
+        if m is None and q4_rows:  # a mixed stack (merge.py): its Q4 rows' tile16-v1 image, then its Q5 rows'
+            from inferno.kernels.tiled import untile
+            from inferno.model.gpu.merge import mixed_parts
+
+            m = self._dequant[key] = np.concatenate([
+                dequant_rows(f, untile(f, self._bytes(w.ptr + offset, size), rows, k).tobytes(), rows, k)
+                for f, _, rows, offset, size in mixed_parts(n, k, q4_rows)]).astype(np.float32)
         if m is None and fmt == "BF16":
             m = self._dequant[key] = self._get(w, bfloat16, n * k).reshape(n, k).astype(np.float32)
         payload = None
@@ -167,9 +174,9 @@ class EmulatedOps:
             return xv
         return rms_norm(xv, self._get(norm[0], bfloat16, k), norm[1]).astype(bfloat16).astype(np.float32)
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None) -> None:
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None, q4_rows=0) -> None:
         self.launches += 1
-        wm = self._weights(fmt, w, n, k, tiled)
+        wm = self._weights(fmt, w, n, k, tiled, q4_rows)
         xv = self._x(x, k, norm, add)
         if epilogue == "swiglu":
             m = n // 2

@@ -231,10 +231,10 @@ class DecodeProgram:
         if self.gdn_sums:
             mix = ws["mix_sums"]
             ops.gemv(merged.fmt, ACCUMULATE, merged.buf, x, mix.view(0, 2 * (kw + vw) * e), 2 * (kw + vw), c.hidden,
-                     tiled=merged.tiled, norm=norm, add=add)
+                     tiled=merged.tiled, norm=norm, add=add, q4_rows=merged.q4_rows)
         elif merged is not None:
             ops.gemv(merged.fmt, "plain", merged.buf, x, mix.view(0, 2 * (kw + vw) * BF16), 2 * (kw + vw), c.hidden,
-                     tiled=merged.tiled, norm=norm, add=add)
+                     tiled=merged.tiled, norm=norm, add=add, q4_rows=merged.q4_rows)
         else:
             vz = w[p + "gdn/value_z"]
             ops.gemv(vz.fmt, "plain", vz.buf, x, mix.view(2 * kw * BF16, 2 * vw * BF16), 2 * vw, c.hidden,
@@ -256,11 +256,11 @@ class DecodeProgram:
         if self.attn_sums:
             mix = ws["mix_sums"]
             ops.gemv(merged.fmt, ACCUMULATE, merged.buf, x, mix.view(0, 2 * (qw + kvw) * e), 2 * (qw + kvw), c.hidden,
-                     tiled=merged.tiled, norm=norm, add=add)
+                     tiled=merged.tiled, norm=norm, add=add, q4_rows=merged.q4_rows)
             gate_value = mix.view((qw + kvw) * e, (qw + kvw) * e)
         elif merged is not None:  # one GEMV: q | k | gate | v
             ops.gemv(merged.fmt, "plain", merged.buf, x, mix.view(0, 2 * (qw + kvw) * BF16), 2 * (qw + kvw),
-                     c.hidden, tiled=merged.tiled, norm=norm, add=add)
+                     c.hidden, tiled=merged.tiled, norm=norm, add=add, q4_rows=merged.q4_rows)
             gate_value = mix.view((qw + kvw) * BF16, (qw + kvw) * BF16)
         else:
             qk, gv, gate_value = w[p + "attention/query_key"], w[p + "attention/gate_value"], ws["gate_value"]

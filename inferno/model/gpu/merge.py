@@ -9,6 +9,12 @@ format's own `unpack` / `pack`) and the stack dequantizes to the same values, bi
 
 `row-split-k128-v1` keeps every plane in (row, group) order, so the stack's planes are its parts'
 planes one after the other: only the narrower parts are re-packed; the widest ones are copied.
+
+A mixed stack (`mixed_q4_rows`: a Q4 part of whole 16-row tiles, then a Q5 part of the same K) is not
+widened: its device image is the Q4 part's `tile16-v1` image, zero-padded to a 256-byte boundary, then
+the Q5 part's (`mixed_image`; sizes: `tiled.mixed_offset` / `mixed_nbytes`), read as two matrices into two
+row ranges (`mixed_parts`) except by the stream-K `_lo4` GEMV. Its placement keeps the wider format and
+the whole shape, with `q4_rows` the rows held as Q4.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 
 from inferno.artifact.formats import groupwise
 from inferno.errors import ArtifactError
+from inferno.kernels.tiled import MIXED_HIGH, MIXED_LOW, TILE_ROWS, mixed_nbytes, mixed_offset, tile, tiled_geometry
 
 MERGEABLE = ("Q4G64_F16S", "Q5G64_F16S", "Q6G64_F16S")  # formats a stack may hold (one group size)
 
@@ -95,3 +102,29 @@ def stack_rows(parts: Sequence[tuple[str, object, tuple[int, int]]]) -> tuple[st
             out[at[plane]:at[plane] + size] = data[off:off + size]
             at[plane] += size
     return fmt, out, (n, k)
+
+
+def mixed_q4_rows(formats: Sequence[str], shapes: Sequence[tuple[int, int]]) -> int:
+    """The rows a stack of parts (`formats`, `shapes` [n_i, k]) holds as a Q4 `tile16-v1` image ahead of the
+    rest: the first part's, when the stack is mixed (a Q4 part of whole tiles, then a non-empty Q5 part of the
+    same K), else 0 (the stack is widened: `stack_rows`)."""
+    if (tuple(formats) != (MIXED_LOW, MIXED_HIGH) or len(shapes) != 2 or shapes[0][1] != shapes[1][1]
+            or shapes[0][0] % TILE_ROWS or not shapes[1][0]):
+        return 0
+    return int(shapes[0][0])
+
+
+def mixed_parts(n: int, k: int, q4_rows: int) -> tuple[tuple[str, int, int, int, int], ...]:
+    """(format, first row, rows, byte offset, bytes) of the two `tile16-v1` images of a mixed stack [n, k]
+    (`tiled.mixed_nbytes`)."""
+    return ((MIXED_LOW, 0, q4_rows, 0, tiled_geometry(MIXED_LOW, q4_rows, k).nbytes),
+            (MIXED_HIGH, q4_rows, n - q4_rows, mixed_offset(q4_rows, k),
+             tiled_geometry(MIXED_HIGH, n - q4_rows, k).nbytes))
+
+
+def mixed_image(payloads: Sequence[object], n: int, k: int, q4_rows: int) -> np.ndarray:
+    """The device image of a mixed stack [n, k] from its parts' `row-split-k128-v1` payloads (Q4, then Q5)."""
+    out = np.zeros(mixed_nbytes(n, k, q4_rows), np.uint8)
+    for (fmt, _, rows, offset, size), payload in zip(mixed_parts(n, k, q4_rows), payloads, strict=True):
+        out[offset:offset + size] = tile(fmt, payload, rows, k)
+    return out

@@ -23,6 +23,7 @@ from inferno.cuda.errors import LaunchError
 from inferno.cuda.memory import DeviceBuffer
 from inferno.errors import InfernoError, NotBuiltError
 from inferno.kernels.gemv_mma_variants import ACCUMULATE, Addend
+from inferno.kernels.tiled import MIXED_HIGH
 from inferno.model.config import ModelConfig
 
 
@@ -119,10 +120,11 @@ class Ops(Protocol):
     def embedding(self, ids: DeviceBuffer, table: DeviceBuffer, out: DeviceBuffer, vocab: int, hidden: int) -> None: ...
     def rmsnorm(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, eps: float) -> None: ...
     # tiled: w in tile16-v1; norm: x is RMS-normed first; epilogue "accumulate": y fp32 [n] += W x (sums left for
-    # the next GEMV, whose `add` = Addend(s=y, xo, z) makes its x bf16(x + s), writes that to xo, zeroes z)
+    # the next GEMV, whose `add` = Addend(s=y, xo, z) makes its x bf16(x + s), writes that to xo, zeroes z);
+    # q4_rows: rows [0, q4_rows) of a tiled w are a Q4 tile16-v1 image ahead of the rest (merge.py's mixed stack)
     def gemv(self, fmt: str, epilogue: str, w: DeviceBuffer, x: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
              r: DeviceBuffer | None = None, tiled: bool = False, norm: Norm | None = None,
-             add: Addend | None = None) -> None: ...
+             add: Addend | None = None, q4_rows: int = 0) -> None: ...
     def linear_bf16(self, x: DeviceBuffer, w: DeviceBuffer, y: DeviceBuffer, n: int, k: int,
                     norm: Norm | None = None,
                     sums: DeviceBuffer | None = None) -> None: ...  # sums (with norm): x is bf16(x + sums)
@@ -224,7 +226,7 @@ class CudaOps:
         self._attn_sums: tuple[Any, Any] | None = None  # loaded when the attention input GEMV accumulates
 
     def _gemv_launcher(self, fmt: str, epilogue: str, tiled: bool = False, norm: bool = False,
-                       add: bool = False) -> Any:
+                       add: bool = False, lo4: bool = False) -> Any:
         from inferno.kernels import gemv_nvfp4_variants as F
         from inferno.kernels.cache import load
         from inferno.kernels.gemv_variants import GemvQ, gemv_variant, variant_name
@@ -242,7 +244,7 @@ class CudaOps:
                     raise LaunchError("no NVFP4 GEMV accumulates or adds a deferred residual")
                 cls, name = N.GemvMmaNvfp4, N.variant_name(epilogue, 1, norm)
             else:
-                cls, name = M.GemvMma, M.variant_name(fmt, epilogue, 1, norm, add)
+                cls, name = M.GemvMma, M.variant_name(fmt, epilogue, 1, norm, add) + ("_lo4" if lo4 else "")
             g = self._gemv.get(name)
             if g is None:
                 g = self._gemv[name] = cls.load(name, self.device)
@@ -384,7 +386,10 @@ class CudaOps:
     def rmsnorm(self, x, w, y, n, eps) -> None:
         self._rmsnorm(x, w, y, 1, n, eps, stream=self.stream)
 
-    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None) -> None:
+    def gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None, q4_rows=0) -> None:
+        if q4_rows:
+            self._gemv_mixed(fmt, epilogue, w, x, y, n, k, norm, add, q4_rows)
+            return
         g = self._gemv_launcher(fmt, epilogue, tiled, norm is not None, add is not None)
         if add is not None:
             g(w, x, y, n, k, 1, r=r, norm=norm, add=add, stream=self.stream)
@@ -392,6 +397,24 @@ class CudaOps:
             g(w, x, y, n, k, 1, r=r, stream=self.stream)
         else:
             g(w, x, y, n, k, 1, r=r, norm=norm, stream=self.stream)
+
+    def _gemv_mixed(self, fmt, epilogue, w, x, y, n, k, norm, add, q4_rows) -> None:
+        """A mixed stack (merge.py: rows [0, q4_rows) a Q4 tile16-v1 image ahead of the `fmt` rows): one `_lo4`
+        launch when it accumulates with the norm folded (the merged input projection), else one launch per part."""
+        from inferno.kernels.tiled import MIXED_LOW, TILE_ROWS, mixed_offset
+
+        if fmt != MIXED_HIGH or epilogue not in ("plain", ACCUMULATE):
+            raise LaunchError(f"a mixed stack is Q4 rows ahead of {MIXED_HIGH} ones, read by a plain or accumulating "
+                              f"GEMV; got {fmt} {epilogue}")
+        if epilogue == ACCUMULATE and norm is not None:
+            g = self._gemv_launcher(fmt, epilogue, True, True, add is not None, lo4=True)
+            g(w, x, y, n, k, 1, norm=norm, add=add, lo=q4_rows // TILE_ROWS, stream=self.stream)
+            return
+        off, ob = mixed_offset(q4_rows, k), 4 if epilogue == ACCUMULATE else 2  # Q5 image, bytes per output
+        self.gemv(MIXED_LOW, epilogue, w.view(0, off), x, y.view(0, q4_rows * ob), q4_rows, k, tiled=True,
+                  norm=norm, add=add)
+        self.gemv(fmt, epilogue, w.view(off, w.nbytes - off), x, y.view(q4_rows * ob, (n - q4_rows) * ob),
+                  n - q4_rows, k, tiled=True, norm=norm, add=add)
 
     def linear_bf16(self, x, w, y, n, k, norm=None, sums=None) -> None:
         if sums is not None:
@@ -431,6 +454,8 @@ class CudaOps:
         try:
             for add in (False, True):
                 self._gemv_launcher(fmt, ACCUMULATE, tiled, True, add)
+                if fmt == MIXED_HIGH:  # a mixed stack's member (merge.py): loaded now, so a missing one shows here
+                    self._gemv_launcher(fmt, ACCUMULATE, tiled, True, add, lo4=True)
             if mixer == "gdn":
                 self._gdn_conv_step_launcher(True)
             else:

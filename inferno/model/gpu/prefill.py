@@ -6,7 +6,7 @@ X the residual stream [T, hidden] (bf16):
 
     X = embedding(ids); N = rmsnorm(X, input_norm[0])
     GDN:   W = bf16(Wqk ; Wvz) (dequantised into the weight scratch: the merged matrix at once, or its
-           two halves); [q|k|v|z] = N W^T (one GEMM);
+           two halves, or a mixed stack's two images); [q|k|v|z] = N W^T (one GEMM);
            [a|b] = N Wab^T; conv prefill (conv state of the slot) over the chunk; chunked delta rule
            (fp32 state of the slot) + gated RMSNorm -> M
     attn:  q, k = N Wqk^T; gate, v = N Wgv^T (GEMMs over row ranges of the dequantised merged
@@ -72,9 +72,15 @@ class PrefillOps(Protocol):
 
 
 def prefill_formats(plan: ResidencyPlan) -> set[tuple[str, bool]]:
-    """(format, tiled) of the weights prefill dequantises (one dequant kernel each)."""
-    return {(p.fmt, p.stored == TILED) for p in plan.placements
-            if p.fmt != "BF16" and p.name.endswith(PREFILL_DEQUANT)}
+    """(format, tiled) of the weights prefill dequantises (one dequant kernel each; a mixed stack: both of its
+    images' formats)."""
+    from inferno.kernels.tiled import MIXED_HIGH, MIXED_LOW
+
+    out: set[tuple[str, bool]] = set()
+    for p in plan.placements:
+        if p.fmt != "BF16" and p.name.endswith(PREFILL_DEQUANT):
+            out |= {(MIXED_LOW, True), (MIXED_HIGH, True)} if p.q4_rows else {(p.fmt, p.stored == TILED)}
+    return out
 
 
 class CudaPrefillOps:
@@ -267,6 +273,12 @@ class PrefillProgram:
             out = self.buf["weight"]
         if wt.fmt == "BF16":
             self.ops.copy2d(out, k * BF16, wt.buf, k * BF16, k * BF16, n)
+        elif wt.q4_rows:  # a mixed stack (merge.py): each of its two images into its rows
+            from inferno.model.gpu.merge import mixed_parts
+
+            for fmt, row0, rows, offset, size in mixed_parts(n, k, wt.q4_rows):
+                self.pops.dequant(fmt, wt.buf.view(offset, size), out.view(row0 * k * BF16, rows * k * BF16), rows,
+                                  k, tiled=True)
         else:
             self.pops.dequant(wt.fmt, wt.buf, out, n, k, tiled=wt.tiled)
         return out

@@ -289,19 +289,21 @@ class RecordingOps:
     def _w_rmsnorm(self, x, w, y, n, eps):
         return f"rmsnorm {role(w)}", Work(3 * n * BF16, fixed=self._norm_bytes((w, eps), n))
 
-    def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None):
+    def _w_gemv(self, fmt, epilogue, w, x, y, n, k, r=None, tiled=False, norm=None, add=None, q4_rows=0):
         m = n // 2 if epilogue == "swiglu" else n
         # The bytes of the matrix as the device holds it (fmt, [n, k]): for merged input projections
-        # (residency.MERGED_INPUTS) the stack in the wider format, so its narrower half counts at the wider
-        # width; inferno/bench/accounting.py keeps counting the artifact's own bytes (the roofline).
+        # (residency.MERGED_INPUTS) a widened stack counts its narrower half at the wider width, a mixed one
+        # (q4_rows) its two images; inferno/bench/accounting.py keeps counting the artifact's own bytes (the roofline).
         if tiled:
             from inferno.kernels import gemv_mma_nvfp4_variants as N
             from inferno.kernels.gemv_mma_variants import variant_name
-            from inferno.kernels.tiled import tiled_geometry
+            from inferno.kernels.tiled import mixed_nbytes, tiled_geometry
 
             name = (N.variant_name(epilogue, 1, norm is not None) if fmt == "NVFP4"
                     else variant_name(fmt, epilogue, 1, norm is not None, add is not None))
-            weights = tiled_geometry(fmt, n, k).nbytes
+            if q4_rows and epilogue == "accumulate" and norm is not None:  # CudaOps.gemv's one `_lo4` launch
+                name += "_lo4"
+            weights = mixed_nbytes(n, k, q4_rows) if q4_rows else tiled_geometry(fmt, n, k).nbytes
         else:
             weights, name = payload_nbytes(fmt, n, k), gemv_variant(fmt, epilogue)
         weights += self._norm_bytes(norm, k)

@@ -47,7 +47,8 @@ ROW_SPLIT_FORMATS = frozenset({"W8G32_F16S"})
 FUSIONS = ("split", "nvfp4")  # fusion plans the GPU executor runs
 # Merged input projections: fusion plan "split" stores a layer's input projections as two matrices (GDN
 # query_key | value_z, attention query_key | gate_value); where both are tiled Q4-Q6 they are stacked
-# by rows at load into one matrix in the wider format (inferno/model/gpu/merge.py), one GEMV per layer.
+# by rows at load into one matrix in the wider format (inferno/model/gpu/merge.py), one GEMV per layer; a Q4 half
+# of whole tiles over a Q5 one stays Q4 (a mixed stack: `Placement.q4_rows`).
 # INFERNO_MERGE_PROJ=0 keeps them separate (read once, at plan time).
 MERGE_ENV = "INFERNO_MERGE_PROJ"
 MERGED_INPUTS = {"gdn": ("gdn/query_key_value_z", ("gdn/query_key", "gdn/value_z")),
@@ -123,6 +124,7 @@ class Placement:
     nbytes: int
     where: str = DEVICE
     rows: tuple[int, int] | None = None  # ROWS: the source's row range [r0, r1)
+    q4_rows: int = 0  # a mixed stack (merge.py): rows [0, q4_rows) held as a Q4 tile16-v1 image ahead of the rest
 
     @property
     def merged(self) -> bool:
@@ -458,8 +460,8 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
     from inferno.artifact import formats
     from inferno.errors import ArtifactError
     from inferno.kernels.gemv_variants import FORMATS
-    from inferno.kernels.tiled import tiled_geometry
-    from inferno.model.gpu.merge import merged_format
+    from inferno.kernels.tiled import mixed_nbytes, tiled_geometry
+    from inferno.model.gpu.merge import merged_format, mixed_q4_rows
 
     check_supported(config)
     tiling, merge = tiling_mode(tiling), merge_mode(merge)
@@ -478,7 +480,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
             raise ArtifactError(f"the artifact has no tensor {missing[0]}; it is not a dense Qwen3.5 "
                                 "artifact this executor can run")
         src = [expected[s] for s in sources]
-        rows = None
+        rows, q4_rows = None, 0
         if stored == DEQUANT_BF16:
             fmt, shape = "BF16", src[0].shape
             nbytes = int(shape[0]) * int(shape[1]) * BF16
@@ -489,7 +491,8 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
             nbytes = shape[0] * shape[1] * BF16
         elif stored == TILED:  # merged input projections: the halves stacked by rows, in the wider format
             fmt, shape = merged_format([e.format for e in src]), (sum(e.shape[0] for e in src), src[0].shape[1])
-            nbytes = tiled_geometry(fmt, *shape).nbytes
+            q4_rows = mixed_q4_rows([e.format for e in src], [e.shape for e in src])  # its Q4 rows kept as Q4
+            nbytes = mixed_nbytes(*shape, q4_rows) if q4_rows else tiled_geometry(fmt, *shape).nbytes
         else:
             e = src[0]
             fmt, shape = e.format, e.shape
@@ -511,7 +514,7 @@ def plan_residency(config: ModelConfig, expected: dict[str, ExpectedTensor], max
             if stored == PAYLOAD and tiled_storage(name, fmt, tiling):
                 stored, nbytes = TILED, tiled_geometry(fmt, *shape).nbytes
         placements.append(Placement(name, sources, fmt, tuple(int(d) for d in shape), stored, int(nbytes),
-                                    rows=rows))
+                                    rows=rows, q4_rows=q4_rows))
     kv = KvSizing(len(config.attention_layers), config.n_kv_heads, config.head_dim, max_seqs, max_context)
     gdn = GdnSizing(len(config.gdn_layers), max_seqs, config.conv_dim, config.conv_kernel - 1,
                     config.gdn_v_heads, config.gdn_k_dim, config.gdn_v_dim)

@@ -8,7 +8,7 @@ vectors as they are; the embedding table dequantized to bf16 (the gather kernel 
 rows); the GDN a and b projections concatenated into one [2 Hv, H] bf16 matrix (one GEMM);
 a row range of a fused NVFP4 (or BF16) input projection re-packed as a matrix of its own; a
 layer's two groupwise-int input projections stacked by rows in the wider format (merge.py) and
-tiled as one matrix.
+tiled as one matrix, or (a mixed stack: `Placement.q4_rows`) each tiled in its own format, Q4 rows first.
 """
 
 from __future__ import annotations
@@ -38,12 +38,17 @@ class DeviceTensor:
     fmt: str
     shape: tuple[int, ...]
     tiled: bool = False  # groupwise-int in tile16-v1 (residency.TILED), not the row-split payload
+    q4_rows: int = 0  # a mixed stack (merge.py): rows [0, q4_rows) are a Q4 tile16-v1 image ahead of the rest
 
 
 def host_image(p: Placement, artifact: Artifact, expected: dict[str, ExpectedTensor]) -> np.ndarray:
     """The bytes (as a numpy array) that placement `p` puts on the device."""
     if p.stored == PAYLOAD:
         data = np.frombuffer(artifact.tensor_bytes(p.sources[0]), np.uint8)
+    elif p.stored == TILED and p.q4_rows:  # a mixed stack: the halves tiled in their own formats, Q4 first
+        from inferno.model.gpu.merge import mixed_image
+
+        data = mixed_image([artifact.tensor_bytes(s) for s in p.sources], *p.shape, p.q4_rows)
     elif p.stored == TILED:
         from inferno.kernels.tiled import tile
 
@@ -114,5 +119,5 @@ def _upload_next(ops: Ops, pending: deque, out: dict[str, DeviceTensor], bar) ->
     p, image = pending.popleft()
     buf = ops.alloc(p.name, p.nbytes)
     ops.upload(buf, image.result())
-    out[p.name] = DeviceTensor(buf, p.fmt, p.shape, p.stored == TILED)
+    out[p.name] = DeviceTensor(buf, p.fmt, p.shape, p.stored == TILED, p.q4_rows)
     bar.advance(p.nbytes)
