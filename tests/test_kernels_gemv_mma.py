@@ -443,14 +443,26 @@ def _x_before_ring(sass: str) -> None:
     assert "LDGSTS" in staging and staging.index("LDG.E.128") < staging.index("LDGSTS")
 
 
+def _built_sass(variants, tmp_path) -> list[str]:
+    """The sm_90a SASS of each variant, built into tmp_path (the test skips where cuobjdump is not installed)."""
+    import subprocess
+
+    tool = _cuobjdump()
+    out = []
+    for v in variants:
+        build_variant(v, "sm_90a", tmp_path)
+        if tool is not None:
+            out.append(subprocess.run([tool, "-sass", str(tmp_path / "sm_90a" / f"{v.name}.cubin")],
+                                      capture_output=True, text=True, check=True).stdout)
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    return out
+
+
 def test_deferred_members(tmp_path):
     """The accumulating GEMV and the `_na` members: names, arguments, refusals; their families hold only the
     stream-K member, which they take at any shape. In SASS (where cuobjdump is installed) accumulate has the
     row sums' reds but no atomics or stores (no flush), `_na` stores (x_mid, z) beside the member's flush."""
-    import subprocess
-
-    from inferno.kernels.build import build_variant
-
     assert mv.variant_name("Q5G64_F16S", mv.ACCUMULATE) == "gemv_mma_q5_t1_acc"
     assert mv.variant_name("Q4G64_F16S", "swiglu", 1, norm=True, add=True) == "gemv_mma_q4_t1_swiglu_na"
     for bad, match in ((dict(fmt="W8G32_F16S", epilogue=mv.ACCUMULATE), "Q4-Q6"),
@@ -467,16 +479,7 @@ def test_deferred_members(tmp_path):
     assert mv.variant_name("Q5G64_F16S", mv.ACCUMULATE, 1, norm=True) == "gemv_mma_q5_t1_acc_n"
     fam = mv.GemvMma(_Loaded(acc))
     assert isinstance(fam.member(16, 128), mv.GemvMmaSK) and isinstance(fam.member(5120, 6144), mv.GemvMmaSK)
-    tool = _cuobjdump()
-    sass = {}
-    for v in (acc, na):
-        build_variant(v, "sm_90a", tmp_path)
-        if tool is not None:
-            sass[v.name] = subprocess.run([tool, "-sass", str(tmp_path / "sm_90a" / f"{v.name}.cubin")],
-                                          capture_output=True, text=True, check=True).stdout
-    if tool is None:
-        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    a, n = sass[acc.name], sass[na.name]
+    a, n = _built_sass((acc, na), tmp_path)
     assert "RED" in a and "HMMA" in a and "ATOM" not in a and "STG" not in a
     assert "ATOM" in n and "STG.E.128" in n and "HMMA" in n
     _x_before_ring(n)
@@ -486,10 +489,6 @@ def test_lo4_members(tmp_path):
     """The mixed-stack members (`_lo4`: W's first lo tiles a Q4 image, the Q5 accumulating GEMV with the RMSNorm
     folded): names, arguments (lo an i32 last), families of their own, refusals; in SASS no atomics or stores
     (accumulate) and four copies of the block's mmas (the Q4 rounds, the mixed round's two, the Q5 rounds)."""
-    import subprocess
-
-    from inferno.kernels.build import build_variant
-
     n, na = mv.gemv_mma_variant("gemv_mma_q5_t1_acc_n_lo4_sk"), mv.gemv_mma_variant("gemv_mma_q5_t1_acc_na_lo4_sk")
     assert [a.name for a in n.args if a is not None] == ["w", "x", "y", "nw", "eps", "lo"]
     assert [a.name for a in na.args if a is not None][-1] == "lo" and na.args[-1].dtype == "i32"
@@ -500,17 +499,7 @@ def test_lo4_members(tmp_path):
                 norm=True), dict(fmt="Q5G64_F16S", epilogue=mv.ACCUMULATE)):
         with pytest.raises(LaunchError, match="lo4"):
             mv.make_sk_variant(**bad, lo4=True)
-    base = mv.gemv_mma_variant("gemv_mma_q5_t1_acc_n_sk")
-    tool = _cuobjdump()
-    sass = {}
-    for v in (n, base):
-        build_variant(v, "sm_90a", tmp_path)
-        if tool is not None:
-            sass[v.name] = subprocess.run([tool, "-sass", str(tmp_path / "sm_90a" / f"{v.name}.cubin")],
-                                          capture_output=True, text=True, check=True).stdout
-    if tool is None:
-        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    lo, one = sass[n.name], sass[base.name]
+    lo, one = _built_sass((n, mv.gemv_mma_variant("gemv_mma_q5_t1_acc_n_sk")), tmp_path)
     assert "ATOM" not in lo and "STG" not in lo and "RED" in lo
     assert lo.count("HMMA") == 4 * one.count("HMMA")
 
