@@ -47,15 +47,16 @@ STAGES_XJ = 1  # stages x loaded when needed affords beyond STAGES (its x regist
 STAGES_XS = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3,
              ("q4", True): 3, ("q5", True): 2, ("q6", True): 2}
 XS_KW = (2, 4)  # registered x-in-shared-memory members (T = 1, Q4-Q6)
-# stream-K for mid-size problems (H200, 2026-11-30: the 27B gate_up / down, 43,520 blocks, 1.2-1.4x the
-# xs members); fewer blocks leave each warp too short a run, more (the output head) lose to xs at kw 2
-XS_KW2_UNITS = 512  # xs: 2 warps per K range from 512 units (the head), else 4
+# stream-K from mid-size problems on (H200, 2026-11-30: the 27B gate_up / down, 43,520 blocks, 1.2-1.4x the
+# xs members); fewer blocks leave each warp too short a run. The output head (620,800 blocks) went to xs kw 2 until
+# session 26, whose same-run decode read +1.1 % of roofline with it on stream-K (branch head-sk, not yet GPU-tested)
+XS_KW2_UNITS = 512  # xs: 2 warps per K range from 512 units (the head's xs member), else 4
 
 
 def sk_wins(blocks: int, epilogue: str) -> bool:
-    """Whether stream-K beats the xs members for a problem of `blocks` (unit, group pair) blocks (H200,
-    2026-11-30, PDL on): from 20,000 blocks (the 27B value_z, gate_up, down), residual from 12,000 (the
-    GDN and attention outputs), up to 131,072 (the output head's 620,800 stream best on xs kw 2)."""
+    """Whether stream-K beats the xs members for a problem of `blocks` (unit, group pair) blocks (H200, PDL on):
+    from 20,000 blocks (the 27B value_z, gate_up, down, the output head), residual from 12,000 (the GDN and
+    attention outputs)."""
     return (20000 if epilogue != "residual" else 12000) <= blocks
 KMAX = 18432  # cute_kernels/gemv_mma.py KMAX: the longest K an xs kernel takes
 NORM_KMAX = 8192  # the `_n` members (K = hidden size): fewer staging registers per thread
