@@ -78,6 +78,14 @@ def test_output_head(device, rng, cols):
     run_case(device, rng, "Q6G64_F16S", "plain", *HEAD, cols)
 
 
+def test_output_head_normed(device, rng):
+    """The head as the executor runs it (the final RMSNorm folded, T = 1): the family's pick (stream-K since
+    session 26) and its xs kw 2 member."""
+    run_case(device, rng, "Q6G64_F16S", "plain", *HEAD, 1, norm=True)
+    for v in mv.t1_fast_members("Q6G64_F16S", "plain", norm=True):
+        run_case(device, rng, "Q6G64_F16S", "plain", *HEAD, 1, _fast_launcher(v, device), norm=True)
+
+
 @pytest.mark.parametrize("n,k", [(16, 8), (17, 136), (40, 1000), (8, 17408)])
 def test_small_and_odd_shapes(device, rng, n, k):
     for fmt in FORMATS:
