@@ -161,3 +161,25 @@ def test_every_decode_launch_passes_the_launchers(dry):
         assert launches[-1][0] == "argmax_bf16"
     finally:
         ex.release(s)
+
+
+@pytest.mark.parametrize("epilogue, folded", [("plain", False), ("plain", True), ("accumulate", False)])
+def test_mixed_stack_splits_into_one_launch_per_part(dry, epilogue, folded):
+    """A mixed stack read other than by the accumulating normed GEMV (the `_lo4` member's call) is one launch of
+    each part's own family over its rows, each passing the launchers' size checks."""
+    from inferno.kernels.gemv_mma_variants import ACCUMULATE
+    from inferno.kernels.tiled import MIXED_HIGH
+    from inferno.model.gpu.residency import MERGED_INPUTS
+
+    ex, launches = dry
+    ops, c = ex.ops, ex.config
+    t = next(ex.weights[name] for name in ex.weights if name.endswith(MERGED_INPUTS["gdn"][0]))
+    assert t.q4_rows and t.fmt == MIXED_HIGH and t.tiled, t
+    n, k = t.shape
+    x = ops.alloc("x", k * 2)
+    y = ops.alloc("y", n * (4 if epilogue == ACCUMULATE else 2))
+    norm = (ops.alloc("norm", k * 2), c.rms_eps) if folded else None
+    launches.clear()
+    ops.gemv(t.fmt, epilogue, t.buf, x, y, n, k, tiled=True, norm=norm, q4_rows=t.q4_rows)
+    names = [name for name, _ in launches]
+    assert len(names) == 2 and "q4" in names[0] and "q5" in names[1] and "lo4" not in "".join(names), names

@@ -401,7 +401,8 @@ class CudaOps:
     def _gemv_mixed(self, fmt, epilogue, w, x, y, n, k, norm, add, q4_rows) -> None:
         """A mixed stack (merge.py: rows [0, q4_rows) a Q4 tile16-v1 image ahead of the `fmt` rows): one `_lo4`
         launch when it accumulates with the norm folded (the merged input projection), else one launch per part."""
-        from inferno.kernels.tiled import MIXED_LOW, TILE_ROWS, mixed_offset
+        from inferno.kernels.tiled import TILE_ROWS
+        from inferno.model.gpu.merge import mixed_parts
 
         if fmt != MIXED_HIGH or epilogue not in ("plain", ACCUMULATE):
             raise LaunchError(f"a mixed stack is Q4 rows ahead of {MIXED_HIGH} ones, read by a plain or accumulating "
@@ -410,11 +411,10 @@ class CudaOps:
             g = self._gemv_launcher(fmt, epilogue, True, True, add is not None, lo4=True)
             g(w, x, y, n, k, 1, norm=norm, add=add, lo=q4_rows // TILE_ROWS, stream=self.stream)
             return
-        off, ob = mixed_offset(q4_rows, k), 4 if epilogue == ACCUMULATE else 2  # Q5 image, bytes per output
-        self.gemv(MIXED_LOW, epilogue, w.view(0, off), x, y.view(0, q4_rows * ob), q4_rows, k, tiled=True,
-                  norm=norm, add=add)
-        self.gemv(fmt, epilogue, w.view(off, w.nbytes - off), x, y.view(q4_rows * ob, (n - q4_rows) * ob),
-                  n - q4_rows, k, tiled=True, norm=norm, add=add)
+        ob = 4 if epilogue == ACCUMULATE else 2  # bytes per output
+        for part, row0, rows, offset, size in mixed_parts(n, k, q4_rows):
+            self.gemv(part, epilogue, w.view(offset, size), x, y.view(row0 * ob, rows * ob), rows, k, tiled=True,
+                      norm=norm, add=add)
 
     def linear_bf16(self, x, w, y, n, k, norm=None, sums=None) -> None:
         if sums is not None:
