@@ -313,10 +313,38 @@ class GemvMmaSK(GemvMma):
         return b4, s4, b5 - b4, s5 - s4, h5
 
     @cute.jit
+    def _start(self, geo, bufs, sl, xsd, u, p, n, pre, end):
+        """A run's start: ring slots 0 .. pre - 1 issued and the norm weight read (both static) before the PDL wait,
+        then x staged with slots pre .. end - 1 issued behind x's loads (ahead of them, x would wait for a launch's
+        burst of DRAM loads to drain), the CTA barrier and the dependents' trigger. The load cursor (lu, lp), this
+        lane's x and, for the timeline probe, the stamps after the wait and after the barrier (else None)."""
+        ngr, lane, k = geo[1], geo[5], geo[6]
+        tl = self.probe == "timeline"
+        lu, lp = self._prologue(geo, bufs, sl, u, p, n, 0, pre)
+        gv = None
+        if cutlass.const_expr(self.norm):
+            gv = self.load_norm_w(xsd, k, ngr)
+        cute.arch.griddepcontrol_wait()
+        t1 = _now() if tl else None
+        if cutlass.const_expr(self.probe not in ("nostage", "bare")):
+            if cutlass.const_expr(pre < end):
+                lu, lp = self._stage_x(xsd, k, ngr, gv,
+                                       issue=lambda: self._prologue(geo, bufs, sl, lu, lp, n, pre, end))
+            else:
+                self._stage_x(xsd, k, ngr, gv)
+        elif cutlass.const_expr(pre < end):
+            lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, pre, end)
+        cute.arch.sync_threads()
+        t2 = _now() if tl else None
+        xsr = self._xs_lane(xsd, lane)
+        cute.arch.griddepcontrol_launch_dependents()
+        return lu, lp, xsr, t1, t2
+
+    @cute.jit
     def _run(self, geo, sl, xsd, mR, mY, b0, b1):
         """Stream blocks b0 .. b1 - 1 (unit b // pairs, pair b % pairs) through `stages` register stages
         (cpa: a ring of shared-memory stages, filled by cp.async); flush at every unit end and at b1."""
-        w_ptr, ngr, npairs, high, scale, lane, k, m, n_tiles = geo[:9]
+        npairs, lane = geo[2], geo[5]
         S, nb = self.stages, len(sl)
         if cutlass.const_expr(self.cpa):
             S = self.ring_slots // nb
@@ -343,30 +371,12 @@ class GemvMmaSK(GemvMma):
         # (u, p): block b0's unit and pair, the compute cursor; (lu, lp): the load cursor, S - 1 blocks ahead
         u = _udiv(b0, npairs)
         p = b0 - u * npairs
-        # the weights are static: PRE_WAIT ring slots are issued before the wait, the rest of the prologue
-        # once x's loads are issued (ahead of them, x would wait for a launch's burst of DRAM loads to drain)
+        # PRE_WAIT ring slots before the wait (register stages: whole blocks), the rest behind x's loads
         pre, end = min((S - 1) * nb, PRE_WAIT), (S - 1) * nb
         if cutlass.const_expr(not self.cpa):
             pre = min(S - 1, PRE_WAIT) * nb
-        lu, lp = self._prologue(geo, bufs, sl, u, p, n, 0, pre)
-        gv = None
-        if cutlass.const_expr(self.norm):  # the norm weight is static: read it before the wait
-            gv = self.load_norm_w(xsd, k, ngr)
-        cute.arch.griddepcontrol_wait()
-        t1 = _now() if tl else None
-        if cutlass.const_expr(self.probe not in ("nostage", "bare")):
-            if cutlass.const_expr(pre < end):
-                lu, lp = self._stage_x(xsd, k, ngr, gv,
-                                       issue=lambda: self._prologue(geo, bufs, sl, lu, lp, n, pre, end))
-            else:
-                self._stage_x(xsd, k, ngr, gv)
-        elif cutlass.const_expr(pre < end):
-            lu, lp = self._prologue(geo, bufs, sl, lu, lp, n, pre, end)
-        cute.arch.sync_threads()
-        t2 = _now() if tl else None
+        lu, lp, xsr, t1, t2 = self._start(geo, bufs, sl, xsd, u, p, n, pre, end)
         t3 = t2
-        xsr = self._xs_lane(xsd, lane)
-        cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(self.probe == "empty"):  # nothing streamed; the ring's first loads drained
             n = cutlass.Int32(0)
             if cutlass.const_expr(self.cpa):
@@ -438,7 +448,7 @@ class GemvMmaSK(GemvMma):
         blocks ahead, may be Q5: the format is chosen per load), then one round that may hold both (a branch per
         block; only in the few warps whose run crosses the boundary inside a round), then Q5 rounds, so no other
         block carries two decodes."""
-        npairs, lane, k, lo = geo[2], geo[5], geo[6], geo[15]
+        npairs, lo = geo[2], geo[15]
         S = self.ring_slots
         n = b1 - b0
         nq = cutlass.min(cutlass.max(lo * npairs - b0, 0), n)  # the run's Q4 blocks
@@ -448,17 +458,7 @@ class GemvMmaSK(GemvMma):
         bufs = (wb, hbuf, sb, sb)
         u = _udiv(b0, npairs)
         p = b0 - u * npairs
-        pre, end = min(S - 1, PRE_WAIT), S - 1
-        lu, lp = self._prologue(geo, bufs, (0,), u, p, n, 0, pre)
-        gv = self.load_norm_w(xsd, k, geo[1])
-        cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(pre < end):
-            lu, lp = self._stage_x(xsd, k, geo[1], gv, issue=lambda: self._prologue(geo, bufs, (0,), lu, lp, n, pre, end))
-        else:
-            self._stage_x(xsd, k, geo[1], gv)
-        cute.arch.sync_threads()
-        xsr = self._xs_lane(xsd, lane)
-        cute.arch.griddepcontrol_launch_dependents()
+        lu, lp, xsr, _, _ = self._start(geo, bufs, (0,), xsd, u, p, n, min(S - 1, PRE_WAIT), S - 1)
         ops = DslOps()
         kb = cutlass.Int32(_s32(BIAS_BF16[self.bits] * 0x10001))
         acc = cute.make_rmem_tensor((4, self.slots), cutlass.Float32)
