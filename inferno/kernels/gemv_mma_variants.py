@@ -49,8 +49,8 @@ STAGES_XS = {("q4", False): 4, ("q5", False): 3, ("q6", False): 3,
 XS_KW = (2, 4)  # registered x-in-shared-memory members (T = 1, Q4-Q6)
 # stream-K from mid-size problems on (H200, 2026-11-30: the 27B gate_up / down, 43,520 blocks, 1.2-1.4x the
 # xs members); fewer blocks leave each warp too short a run. The output head (620,800 blocks) went to xs kw 2 until
-# 2026-12-03, when the same-run decode read +1.1 % of roofline with it on stream-K
-XS_KW2_UNITS = 512  # xs: 2 warps per K range from 512 units (the head's xs member), else 4
+# 2026-12-03, when the same-run decode read +0.3-1.1 % of roofline with it on stream-K
+XS_KW2_UNITS = 512  # xs: 2 warps per K range from 512 units (the head's rule before stream-K took it), else 4
 
 
 def sk_wins(blocks: int, epilogue: str) -> bool:
