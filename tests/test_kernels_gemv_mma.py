@@ -285,7 +285,7 @@ def test_family_members_and_choice():
     assert lk.manifest.config["xs"] and lk.manifest.config["kw"] == 4 and outs == 32
     lk, outs = fam["plain"].member(4096, 5120)  # GDN q|k: 10,240 blocks
     assert lk.manifest.config["xs"] and lk.manifest.config["kw"] == 4
-    assert isinstance(fam["plain"].member(248320, 5120), mv.GemvMmaSK)  # the output head (session 26)
+    assert isinstance(fam["plain"].member(248320, 5120), mv.GemvMmaSK)  # the output head (measured in sessions 26-27)
     xs = mv.GemvMma(*(_Loaded(mv.gemv_mma_variant(f"gemv_mma_q5_t1_k{kw}_xs")) for kw in mv.XS_KW))
     lk, outs = xs.member(248320, 5120)  # without a stream-K member: xs kw 2 from 512 units
     assert lk.manifest.config["xs"] and lk.manifest.config["kw"] == 2 and outs == 64
@@ -370,7 +370,7 @@ def test_stream_k_variants():
         mv.make_sk_variant("Q4G64_F16S", "swiglu", stages=5)
     assert v.archs == ("sm_90a",) and "sm_120a" in regs.archs  # the ring needs sm_90's shared memory per CTA
     assert mv.sk_wins(43520, "swiglu") and mv.sk_wins(15360, "residual") and not mv.sk_wins(17920, "plain")
-    assert mv.sk_wins(620800, "plain")  # the output head (session 26)
+    assert mv.sk_wins(620800, "plain")  # the output head (measured in sessions 26-27)
     with pytest.raises(LaunchError, match="Q4-Q6 at T = 1"):
         mv.make_sk_variant("W8G32_F16S", "plain")
     # counters for 2 units padded to 32 words, then fp32 sums [cols, rows of W]

@@ -256,7 +256,7 @@ def test_member_choice_and_launcher_checks():
     assert isinstance(fam["plain"].member(12288, 5120), nv.GemvMmaNvfp4SK)
     lk, outs = fam["plain"].member(4096, 5120)
     assert lk.manifest.config["kw"] == 4 and outs == 32
-    assert isinstance(fam["plain"].member(248320, 5120), nv.GemvMmaNvfp4SK)  # the head (session 26)
+    assert isinstance(fam["plain"].member(248320, 5120), nv.GemvMmaNvfp4SK)  # the head (measured in sessions 26-27)
     with pytest.raises(LaunchError, match="no loaded member takes K"):
         fam["plain"].member(4096, mv.KMAX + 128)
     assert fam["plain"].sk._weight_bytes(256, 192) == tn.tiled_geometry(256, 192).nbytes

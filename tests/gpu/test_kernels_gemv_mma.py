@@ -79,8 +79,8 @@ def test_output_head(device, rng, cols):
 
 
 def test_output_head_normed(device, rng):
-    """The head as the executor runs it (the final RMSNorm folded, T = 1): the family's pick (stream-K since
-    session 26) and its xs kw 2 member."""
+    """The head with the final RMSNorm folded (T = 1; the executor's head once it folds that norm): the family's
+    pick (stream-K since session 27) and its xs kw 2 member. `test_output_head` covers the unfolded head."""
     run_case(device, rng, "Q6G64_F16S", "plain", *HEAD, 1, norm=True)
     for v in mv.t1_fast_members("Q6G64_F16S", "plain", norm=True):
         run_case(device, rng, "Q6G64_F16S", "plain", *HEAD, 1, _fast_launcher(v, device), norm=True)
