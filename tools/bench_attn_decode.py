@@ -13,15 +13,17 @@ events around 16 replays. Per layer and context:
          K/V blocks issued before the PDL wait)
   fused+early  the same with attn_combine_early (lens and gate loaded before the combine's PDL wait),
          at the executor's split count, half and a quarter of it (longer splits: more pages per CTA)
+  sums   attn_decode_g<G>_fused_sums + attn_combine_sums: the executor's pair when the projection GEMV
+         accumulates (fp32 sums in, zeroed by the combine)
   fused s3+early  the same with three K/V stages (sm_90a)
   `--baselines` adds the previous decode kernels (`_pipelined` + `attn_combine_2pass`, `_s3`).
 
 The split count is the executor's (`default_splits(max_context, 1, n_kv_heads, sm_count)`: fixed for
 the graph's life, so at 8K it is the same as at 64K). Each row gives µs per layer for the whole
 sequence and without the combine, KV GB/s and the share of this run's device copy rate (read + write
-bytes). The last lines are a short table: old vs the best fused row per model and context. Needs the
-cubins of attn_qk_prep, attn_decode_g<G>{,_fused,_fused_s3} and attn_combine{,_early} in $INFERNO_KERNEL_DIR
-(`python -m inferno.kernels.attn_variants DIR sm_90a`; --baselines also `_pipelined`, `_s3`,
+bytes). The last lines are a short table: old vs the fastest other row per model and context. Needs the
+cubins of attn_qk_prep, attn_decode_g<G>{,_fused,_fused_sums,_fused_s3} and attn_combine{,_early,_sums} in
+$INFERNO_KERNEL_DIR (`python -m inferno.kernels.attn_variants DIR sm_90a`; --baselines also `_pipelined`, `_s3`,
 `attn_combine_2pass`).
 """
 
@@ -82,7 +84,7 @@ class Inputs:
         self.lens = to_device(None, np.array([context], np.int32), "lens")
         self.positions = to_device(None, np.array([context - 1], np.int32), "positions")
         zeros = {"q_proj": hq * 512, "gate": hq * 512, "k": hkv * 512, "v": hkv * 512, "q_norm": 512, "k_norm": 512,
-                 "q": hq * 1024}
+                 "q": hq * 1024, "q_proj32": hq * 1024, "gate32": hq * 1024, "k32": hkv * 1024, "v32": hkv * 1024}
         self.z = {name: device_alloc(n, name) for name, n in zeros.items()}
         self.out = device_alloc(hq * 512, "out")
         for buf in (*self.pools, *self.z.values()):
@@ -102,6 +104,13 @@ def sequence(kind: str, dec, comb, prep, inp: Inputs, cfg: ModelConfig, po: Devi
 
     def layer(i: int, with_combine: bool) -> None:
         kv = inp.pools[i]
+        if kind == "sums":  # fp32 sums in (an accumulating projection GEMV's), zeroed by the combine
+            dec(z["q_proj32"], z["k32"], z["v32"], z["q_norm"], z["k_norm"], inp.positions, inp.lens, inp.table, kv,
+                z["q"], po, pl, splits=splits, **norm, **geo)
+            if with_combine:
+                comb(po, pl, inp.lens, z["gate32"], inp.out, batch=1, n_heads=hq, splits=splits, stream=stream,
+                     zero=(z["q_proj32"], z["k32"], z["v32"]), n_kv_heads=hkv)
+            return
         if kind == "fused":
             dec(z["q_proj"], z["k"], z["v"], z["q_norm"], z["k_norm"], inp.positions, inp.lens, inp.table, kv, z["q"],
                 po, pl, splits=splits, **norm, **geo)
@@ -126,6 +135,7 @@ def bench_context(dev: Device, stream: Stream, model: str, cfg: ModelConfig, lay
     early = av.COMBINE_EARLY.name
     runs += [("fused+early", "fused", fused, early, s)
              for s in sorted({base, max(1, base // 2), max(1, base // 4)}, reverse=True)]
+    runs.append(("sums", "sums", f"{fused}_sums", av.COMBINE_SUMS.name, base))  # the executor's (deferred inputs)
     if dev.arch == "sm_90a":
         runs.append(("fused s3+early", "fused", f"{fused}_s3", early, base))
     if baselines:
@@ -138,7 +148,7 @@ def bench_context(dev: Device, stream: Stream, model: str, cfg: ModelConfig, lay
     rows = []
     try:
         for label, kind, dec_name, comb_name, splits in runs:
-            dec = (av.AttnDecodeFused if kind == "fused" else av.AttnDecode).load(dec_name, dev)
+            dec = (av.AttnDecodeFused if kind in ("fused", "sums") else av.AttnDecode).load(dec_name, dev)
             comb = av.AttnCombine.load(comb_name, dev)
             po_b, pl_b = av.partial_bytes(1, hq, splits)
             po, pl = device_alloc(po_b, "part_o"), device_alloc(pl_b, "part_lse")
@@ -197,13 +207,13 @@ def main() -> None:
         print(f"| {r['model']} | {r['kernels']} `{r['decode']}` + `{r['combine']}` | {r['context']} "
               f"| {r['splits']} ({r['used_splits']}) | {r['us_per_layer']:.2f} | {r['no_combine_us']:.2f} "
               f"| {r['kv_gbps']:.0f} | {r['pct_copy']:.1f} |")
-    print(f"\nold = prep + decode + combine at the executor's splits; new = the fastest fused row "
+    print(f"\nold = prep + decode + combine at the executor's splits; new = the fastest other row "
           f"(copy {copy:.0f} GB/s, PDL {'off' if a.no_pdl else 'on'})")
     print("| model | context | old us (% copy) | new us (% copy) | new kernel, splits | speed-up |")
     print("|---|---|---|---|---|---|")
     for key in dict.fromkeys((r["model"], r["context"]) for r in rows):
         old = next(r for r in rows if (r["model"], r["context"]) == key and r["kernels"] == "old")
-        new = min((r for r in rows if (r["model"], r["context"]) == key and r["kernels"].startswith("fused")),
+        new = min((r for r in rows if (r["model"], r["context"]) == key and r["kernels"] != "old"),
                   key=lambda r: r["us_per_layer"])
         print(f"| {key[0]} | {key[1]} | {old['us_per_layer']:.2f} ({old['pct_copy']:.0f} %) "
               f"| {new['us_per_layer']:.2f} ({new['pct_copy']:.0f} %) | {new['decode']}, {new['splits']} "
