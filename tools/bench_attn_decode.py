@@ -1,4 +1,4 @@
-"""Gated-attention decode per layer on the live GPU: the executor's launch sequence vs the fused kernel, one run.
+"""Gated-attention decode per layer on the live GPU: the first launch sequence vs the fused kernels, one run.
 
     python tools/bench_attn_decode.py [--model 27b,35b] [--contexts 8192,65536] [--max-context 262144]
                                       [--layers N] [--no-pdl] [--baselines] [--out bench_attn.json]
@@ -8,7 +8,7 @@ served from L2 that a real step reads from HBM), batch 1, captured as a CUDA gra
 programmatic dependent launch (as the executor runs a step; `--no-pdl`: plain launches), timed by
 events around 16 replays. Per layer and context:
 
-  old    attn_qk_prep + attn_decode_g<G> + attn_combine: the executor's sequence (3 launches)
+  old    attn_qk_prep + attn_decode_g<G> + attn_combine: the first executor's sequence (3 launches)
   fused  attn_decode_g<G>_fused + attn_combine (2 launches: prep folded into the decode, the first
          K/V blocks issued before the PDL wait)
   fused+early  the same with attn_combine_early (lens and gate loaded before the combine's PDL wait),
