@@ -127,7 +127,7 @@ def test_gpu_contexts_that_do_not_fit_are_skipped_longest_first(monkeypatch, art
     made = []
 
     class Gpu:
-        name, arch = "Fake GPU", "sm_90a"
+        name, arch, pci_bus_id = "Fake GPU", "sm_90a", "0000:00:06.0"
 
     class FakeGpuExecutor:
         cuda_graph = True
@@ -149,6 +149,7 @@ def test_gpu_contexts_that_do_not_fit_are_skipped_longest_first(monkeypatch, art
     assert loaded.settings.cases == (1000, 4000)
     assert [x["prompt_tokens"] for x in loaded.skipped] == [262144, 65536]
     assert loaded.device["name"] == "Fake GPU" and loaded.states.kv == "bf16" and loaded.limits.copy_gbps == 1.0
+    assert loaded.clocks is None and loaded.device["clocks_unavailable"]  # no NVML for a fake GPU's bus id
     with pytest.raises(OutOfMemoryError):  # the prompt length itself does not fit: the error stands
         cli._load_cuda(artifact, BenchSettings(6000, 8, reps=1), cuda_graph=True, model=None)
 
@@ -165,7 +166,7 @@ def test_gpu_auto_prefill_chunk_is_chosen_per_size_tried(monkeypatch, artifact):
     made, asked = [], []
 
     class Gpu:
-        name, arch = "Fake GPU", "sm_90a"
+        name, arch, pci_bus_id = "Fake GPU", "sm_90a", "0000:00:06.0"
 
         def free_mem(self):
             return 123 << 30

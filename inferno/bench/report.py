@@ -1,7 +1,8 @@
 """The bench report: one JSON document (schema below), a short text table, a docs/performance.md row.
 
 JSON (`SCHEMA` = "inferno-bench/2"):
-  schema, date (UTC ISO), command, device {kind: cpu|cuda, name, executor, cuda_graph},
+  schema, date (UTC ISO), command, device {kind: cpu|cuda, name, executor, cuda_graph, ...; cuda: gpu {uuid,
+          sm_mhz_max, mem_mhz_max} | clocks_unavailable (why NVML could not be read)},
   model {path, identity, layers, attention_layers, gdn_layers, hidden, vocab, moe},
   settings {prompt_tokens, decode_tokens, contexts, reps, warmup, prefill_chunk, prefill_chunk_auto, seed,
             kernel_table, sampling, ignore_eos},
@@ -10,7 +11,10 @@ JSON (`SCHEMA` = "inferno-bench/2"):
               kv_bytes_per_token, gdn_state, decode_step_bytes_at_context, prefill_flops_per_token}
   runs [{prompt_tokens, decode_tokens, prefill {tok_s, seconds}, decode {tok_s, seconds},
          prefill_flops, prefill_tflops, prefill_mma_ratio, decode_bytes_per_step, decode_gbps,
-         decode_roofline_tok_s, decode_roofline_ratio, samples}]   (tok_s/seconds: median, min, max, stdev, n)
+         decode_roofline_tok_s, decode_roofline_ratio, samples,
+         clocks {samples, period_s, sm_mhz, mem_mhz, power_w, clock_event_reasons, errors}}]
+         (tok_s/seconds: median, min, max, stdev, n; clocks: cuda with NVML only, over the timed repetitions,
+         sm_mhz/mem_mhz/power_w: median, min, max or null)
   skipped [{prompt_tokens, reason}]                            (contexts that did not fit)
   host_overhead {available: false, reason} | {available: true, prompt_tokens, steps, device_spans,
           wall_s_per_step, device_s_per_step, device_s_per_span {median, min, max},
@@ -24,6 +28,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from inferno.bench.clocks import clock_line
 
 SCHEMA = "inferno-bench/2"
 
@@ -84,6 +90,12 @@ def text_table(report: dict) -> str:
             f"{_num(r['decode_roofline_tok_s']):>9} {_pct(r['decode_roofline_ratio']):>8}")
     for s in report["skipped"]:
         lines.append(f"{s['prompt_tokens']:>8} skipped: {s['reason']}")
+    gpu = report["device"].get("gpu")
+    if gpu is not None:
+        lines += ["", f"GPU {gpu['uuid']} (SM up to {gpu['sm_mhz_max']:,} MHz, memory {gpu['mem_mhz_max']:,} MHz)"]
+        lines += [f"{r['prompt_tokens']:>8}: {clock_line(r['clocks'])}" for r in report["runs"] if "clocks" in r]
+    elif "clocks_unavailable" in report["device"]:
+        lines += ["", f"clocks: not sampled ({report['device']['clocks_unavailable']})"]
     lines += ["", overhead_line(report["host_overhead"])]
     k = report["kernels"]
     if k is not None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
 from inferno.bench.accounting import Accounting
+from inferno.bench.clocks import ClockSampler
 from inferno.bench.limits import Limits
 from inferno.bench.profile import DECODE, KernelProfiler, StepTimer, host_overhead, kernel_rows
 from inferno.engine.generate import check_request, generate
@@ -93,19 +95,21 @@ def time_generation(executor: Executor, prompt: Sequence[int], decode_tokens: in
 
 
 def run_case(executor: Executor, acct: Accounting, limits: Limits, prompt_tokens: int,
-             settings: BenchSettings, log: Log) -> dict:
-    """Warm-up + repetitions at one prompt length; medians, spreads and ratios to the limits."""
+             settings: BenchSettings, log: Log, clocks: ClockSampler | None = None) -> dict:
+    """Warm-up + repetitions at one prompt length; medians, spreads and ratios to the limits; with `clocks`, the
+    GPU's clocks and power over the timed repetitions (`clocks`)."""
     prompt = prompt_ids(executor.config.vocab, prompt_tokens, settings.seed)
     d = settings.decode_tokens
     samples = []
-    total = settings.warmup + settings.reps
-    for i in range(total):
-        warm = i < settings.warmup
-        which = f"warm-up {i + 1}/{settings.warmup}" if warm else f"rep {i + 1 - settings.warmup}/{settings.reps}"
+    for i in range(settings.warmup):
         st = time_generation(executor, prompt, d, settings.prefill_chunk)
-        log(f"  {prompt_tokens} + {d} tokens, {which}: prefill {st.prefill_tok_s:,.1f} tok/s, "
-            f"decode {st.decode_tok_s:,.1f} tok/s")
-        if i >= settings.warmup:
+        log(f"  {prompt_tokens} + {d} tokens, warm-up {i + 1}/{settings.warmup}: prefill {st.prefill_tok_s:,.1f} "
+            f"tok/s, decode {st.decode_tok_s:,.1f} tok/s")
+    with clocks if clocks is not None else nullcontext():
+        for i in range(settings.reps):
+            st = time_generation(executor, prompt, d, settings.prefill_chunk)
+            log(f"  {prompt_tokens} + {d} tokens, rep {i + 1}/{settings.reps}: prefill {st.prefill_tok_s:,.1f} "
+                f"tok/s, decode {st.decode_tok_s:,.1f} tok/s")
             samples.append(st)
     prefill_tok_s = spread([s.prefill_tok_s for s in samples])
     decode_tok_s = spread([s.decode_tok_s for s in samples])
@@ -131,6 +135,7 @@ def run_case(executor: Executor, acct: Accounting, limits: Limits, prompt_tokens
         "decode_roofline_ratio": decode_tok_s["median"] / roofline if roofline else None,
         "samples": [{"prefill_s": s.prefill_s, "decode_s": s.decode_s, "completion_tokens": s.completion_tokens}
                     for s in samples],
+        **({"clocks": clocks.summary()} if clocks is not None else {}),
     }
 
 
@@ -188,13 +193,13 @@ def measure_host_overhead(executor: Executor, settings: BenchSettings, timer: St
 
 
 def run_bench(executor: Executor, acct: Accounting, limits: Limits, settings: BenchSettings, log: Log,
-              step_timer: StepTimer | None = None) -> dict:
-    """Every case, host overhead (with `step_timer`), then the kernel table if asked: the `runs`,
-    `host_overhead` and `kernels` parts of the report."""
+              step_timer: StepTimer | None = None, clocks: ClockSampler | None = None) -> dict:
+    """Every case (with `clocks`: each sampling the GPU's clocks over its timed repetitions), host overhead (with
+    `step_timer`), then the kernel table if asked: the `runs`, `host_overhead` and `kernels` parts of the report."""
     runs = []
     for n in settings.cases:
         log(f"case: prompt {n} tokens, decode {settings.decode_tokens} tokens")
-        runs.append(run_case(executor, acct, limits, n, settings, log))
+        runs.append(run_case(executor, acct, limits, n, settings, log, clocks))
     wall = runs[0]["decode"]["seconds"]["median"] / (settings.decode_tokens - 1)
     overhead = measure_host_overhead(executor, settings, step_timer, wall, log)
     kernels = profile_kernels(executor, limits, settings, log) if settings.kernel_table else None

@@ -25,6 +25,7 @@ import typer
 
 from inferno.artifact import open_checked
 from inferno.bench.accounting import StateDtypes, account
+from inferno.bench.clocks import ClockSampler, open_sampler
 from inferno.bench.limits import Limits, cpu_limits, measure_gpu_limits
 from inferno.bench.prefill_chunk import NO_BUDGET_CHUNK, gpu_prefill_chunk, parse_prefill_chunk
 from inferno.bench.profile import StepTimer
@@ -106,6 +107,7 @@ class _Loaded:
     settings: BenchSettings
     skipped: list[dict]
     step_timer: StepTimer | None = None
+    clocks: ClockSampler | None = None
 
 
 def _load_cpu(path: Path, settings: BenchSettings) -> _Loaded:
@@ -170,7 +172,17 @@ def _load_cuda(path: Path, settings: BenchSettings, cuda_graph: bool, model: tup
            "cuda_graph": getattr(executor, "cuda_graph", None), "tiling": tiling_mode(),
            "pdl": os.environ.get("INFERNO_PDL", "1") != "0", "branches": os.environ.get("INFERNO_BRANCHES", "1") != "0",
            "fold_norm": os.environ.get("INFERNO_FOLD_NORM", "1") != "0", "merge_proj": merge_mode()}
-    return _Loaded(executor, limits, states, dev, settings, skipped, step_spans)
+    clocks, why = open_sampler(gpu.pci_bus_id)
+    if clocks is None:
+        dev["clocks_unavailable"] = why
+    else:
+        try:
+            dev["gpu"] = clocks.identity()
+        except RuntimeError as e:
+            dev["clocks_unavailable"] = str(e)
+            clocks.close()
+            clocks = None
+    return _Loaded(executor, limits, states, dev, settings, skipped, step_spans, clocks)
 
 
 def _fit_positions(settings: BenchSettings, max_position: int) -> tuple[BenchSettings, list[dict]]:
@@ -278,8 +290,11 @@ def bench(
         loaded = _load_cpu(path, settings)
     try:
         acct = account(config, expected, loaded.states)
-        result = run_bench(loaded.executor, acct, loaded.limits, loaded.settings, _log, loaded.step_timer)
+        result = run_bench(loaded.executor, acct, loaded.limits, loaded.settings, _log, loaded.step_timer,
+                           loaded.clocks)
     finally:
+        if loaded.clocks is not None:
+            loaded.clocks.close()
         close = getattr(loaded.executor, "close", None)
         if close is not None:
             close()

@@ -55,6 +55,8 @@ class Device:
         self.max_threads_per_block: int = get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
         self.l2_bytes: int = get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
         self.total_mem: int = int(check(cu.cuDeviceTotalMem(handle), "cuDeviceTotalMem"))
+        bus = check(cu.cuDeviceGetPCIBusId(32, handle), "cuDeviceGetPCIBusId")
+        self.pci_bus_id: str = (bus if isinstance(bus, str) else bus.split(b"\0", 1)[0].decode()).rstrip("\0")
 
     @classmethod
     def open(cls, ordinal: int = 0) -> "Device":
