@@ -172,7 +172,7 @@ def open_sampler(pci_bus_id: str, period_s: float = 0.25) -> tuple[ClockSampler 
 def clock_line(c: dict) -> str:
     """One text line of a run's clock summary."""
     if not c.get("samples"):
-        return f"clocks: not sampled ({c.get('reason', 'no samples')})"
+        return "clocks: no samples"
 
     def mhz(what: str, d: dict | None) -> str:
         return f"{what} n/a" if d is None else f"{what} {d['median']:,.0f} MHz ({d['min']:,.0f}-{d['max']:,.0f})"
@@ -182,4 +182,3 @@ def clock_line(c: dict) -> str:
     reasons = ", ".join(r for r in c["clock_event_reasons"] if r != "gpu_idle") or "none"
     return (f"clocks over {c['samples']} samples: {mhz('SM', c['sm_mhz'])}, {mhz('memory', c['mem_mhz'])}, {power}; "
             f"clock event reasons besides idle: {reasons}")
-

@@ -97,7 +97,7 @@ def time_generation(executor: Executor, prompt: Sequence[int], decode_tokens: in
 def run_case(executor: Executor, acct: Accounting, limits: Limits, prompt_tokens: int,
              settings: BenchSettings, log: Log, clocks: ClockSampler | None = None) -> dict:
     """Warm-up + repetitions at one prompt length; medians, spreads and ratios to the limits; with `clocks`, the
-    GPU's clocks and power over the timed repetitions (`clocks`)."""
+    GPU's clocks and power sampled over the timed repetitions (the run's `clocks`)."""
     prompt = prompt_ids(executor.config.vocab, prompt_tokens, settings.seed)
     d = settings.decode_tokens
     samples = []
