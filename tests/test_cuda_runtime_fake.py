@@ -58,6 +58,7 @@ class FakeDriver:
     def cuCtxSynchronize(self): return (OK,)
     def cuDeviceGetName(self, n, dev): return (OK, b"Fake H200" + b"\0" * (n - 9))
     def cuDeviceTotalMem(self, dev): return (OK, self.device_bytes)
+    def cuDeviceGetPCIBusId(self, n, dev): return (OK, b"0000:00:06.0" + b"\0" * (n - 12))
 
     def cuDeviceGetAttribute(self, attr, dev):
         a = real.CUdevice_attribute
@@ -256,6 +257,7 @@ def dev(fake):
 def test_device_open_reads_properties(dev):
     assert (dev.name, dev.compute_capability, dev.arch, dev.sm_count) == ("Fake H200", (9, 0), "sm_90a", 132)
     assert dev.l2_bytes == 60 << 20 and dev.total_mem == 1 << 30 and 0 < dev.free_mem() <= dev.total_mem
+    assert dev.pci_bus_id == "0000:00:06.0"  # what NVML finds the device by (inferno.bench.clocks)
     assert Device.open(0) is dev
     with pytest.raises(CudaError, match="GPU 3 requested, this machine has 1"):
         Device.open(3)
