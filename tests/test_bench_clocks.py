@@ -8,7 +8,7 @@ import time
 import pytest
 
 from inferno.bench import clocks as C
-from inferno.bench.report import text_table
+from inferno.bench.report import markdown_row, text_table
 
 
 class FakeLib:
@@ -134,5 +134,6 @@ def test_run_case_samples_the_timed_repetitions_and_the_table_prints_them():
     table = text_table(report)
     assert "GPU GPU-test-uuid (SM up to 2,080 MHz, memory 3,301 MHz)" in table
     assert "SM 1,980 MHz (1,980-1,980)" in table and "besides idle: sw_thermal_slowdown" in table
+    assert markdown_row(report).startswith("| 2026-12-03 | NVIDIA H200 (GPU-test-uui, SM 1,980 MHz) | `inferno bench")
     assert "clocks" not in run_bench(FakeExecutor(), acct, cpu_limits(), BenchSettings(8, 5, reps=1, warmup=0),
                                      lambda m: None)["runs"][0]

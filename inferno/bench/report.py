@@ -142,4 +142,14 @@ def markdown_row(report: dict) -> str:
     if h["available"] and ratios:
         ratios.append(f"host overhead {_pct(h['host_overhead_ratio'])} of a decode step")
     ratio = "; ".join(ratios) if ratios else "n/a (no measured limit)"
-    return f"| {report['date'][:10]} | {report['device']['name']} | `{report['command']}` | {result} | {ratio} |"
+    return f"| {report['date'][:10]} | {_gpu_cell(report)} | `{report['command']}` | {result} | {ratio} |"
+
+
+def _gpu_cell(report: dict) -> str:
+    """The GPU's name, and where the report has them its short UUID and the first case's median SM clock."""
+    dev = report["device"]
+    gpu = dev.get("gpu")
+    if gpu is None:
+        return dev["name"]
+    sm = (report["runs"][0].get("clocks") or {}).get("sm_mhz")
+    return f"{dev['name']} ({gpu['uuid'][:12]}" + (f", SM {sm['median']:,.0f} MHz)" if sm else ")")
