@@ -80,3 +80,12 @@ def test_summary_of_a_report():
     assert ab._summary({"runs": [run], "limits": {"copy_gbps": 4270.8}}) == (200.04, "75.67", 10500.0, 4270.8)
     run["decode_roofline_ratio"] = None
     assert ab._summary({"runs": [run], "limits": {}})[1::2] == ("", 0)
+
+
+def test_machine_of_a_report():
+    """The GPU and its SM clock where the tree's bench recorded them; blank for an older tree's report."""
+    run = {"clocks": {"sm_mhz": {"median": 1980.0, "min": 1755, "max": 1980}}}
+    gpu = {"uuid": "GPU-bc98634b-88ae-e9f1-ad60-f3317469ce49", "sm_mhz_max": 1980, "mem_mhz_max": 3201}
+    assert ab._machine({"device": {"gpu": gpu}, "runs": [run]}) == "GPU-bc98634b, 1,980 MHz"
+    assert ab._machine({"device": {"gpu": gpu}, "runs": [{"clocks": {"sm_mhz": None}}]}) == "GPU-bc98634b"
+    assert ab._machine({"device": {"name": "NVIDIA H200"}, "runs": [{}]}) == ""

@@ -11,7 +11,8 @@ its changed kernels alone. Name `.gpu` in the device tool's `carry`.
 
 `bench` runs, for each tag in the order given, `inferno bench ARTIFACT --device cuda` from that tree's
 sources with its kernels (the base cubins overlaid by its own), every run a fresh process; it prints one
-line per run as it goes and a table last, and writes `ab.jsonl` (one report line per run) to --out.
+line per run as it goes and a table last (with each run's GPU and SM clock where its tree's bench records them),
+and writes `ab.jsonl` (one report line per run) to --out.
 Default bench arguments: `--prompt-tokens 7680 --decode-tokens 128 --reps 1`. A tree whose kernels are
 stale for its sources (a snapshot older than its build) is refused before anything runs.
 """
@@ -152,13 +153,14 @@ def bench(order: list[str], artifact: str, out: Path, base: Path, extra: list[st
         decode, ratio, prefill, _ = _summary(r)
         print(f"{i:>2} {n:<8} decode {decode:.1f} tok/s ({ratio or '-'} % of roofline), prefill {prefill:,.1f} tok/s",
               flush=True)
-    print("\n| run | tree | decode tok/s | % of roofline | prefill tok/s | copy GB/s |\n|---|---|---|---|---|---|")
+    print("\n| run | tree | decode tok/s | % of roofline | prefill tok/s | copy GB/s | GPU, SM clock |\n"
+          "|---|---|---|---|---|---|---|")
     for i, (n, r) in enumerate(rows):
         if r is None:
-            print(f"| {i} | {n} | failed | | | |")
+            print(f"| {i} | {n} | failed | | | | |")
             continue
         decode, ratio, prefill, copy = _summary(r)
-        print(f"| {i} | {n} | {decode:.1f} | {ratio} | {prefill:,.1f} | {copy:,.0f} |")
+        print(f"| {i} | {n} | {decode:.1f} | {ratio} | {prefill:,.1f} | {copy:,.0f} | {_machine(r)} |")
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -169,6 +171,14 @@ def _summary(r: dict) -> tuple[float, str, float, float]:
     ratio = u["decode_roofline_ratio"]
     return (u["decode"]["tok_s"]["median"], "" if ratio is None else f"{100 * ratio:.2f}",
             u["prefill"]["tok_s"]["median"], r["limits"].get("copy_gbps") or 0)
+
+
+def _machine(r: dict) -> str:
+    """The report's GPU (short UUID) and its median SM clock over the first case's timed repetitions, as far as the
+    tree's `inferno bench` records them (blank before it did)."""
+    gpu = r["device"].get("gpu")
+    sm = (r["runs"][0].get("clocks") or {}).get("sm_mhz")
+    return ", ".join(([gpu["uuid"][:12]] if gpu else []) + ([f"{sm['median']:,.0f} MHz"] if sm else []))
 
 
 def main(argv: list[str] | None = None) -> None:
